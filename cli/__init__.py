@@ -1,0 +1,1 @@
+"""The `taxes` command line."""

@@ -1,0 +1,1 @@
+"""Triton and torch kernels of every workload, and the symmetric-memory runtime they share."""

@@ -1,0 +1,259 @@
+"""Hardware profiles: the figures the cost model needs, from datasheets or from calibration.
+
+Built-in profiles hold datasheet peaks. Figures no datasheet gives (launch costs, collective base
+latency, achievable fractions of peak) are marked in the comments as measured on our machines
+(../shared/PLATFORM.md, 2026-11-22, 2 x H200 VM) or as assumed; `taxes calibrate` measures all of
+them on the machine at hand and saves a profile JSON that loads here by name or path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from taxes.errors import TaxesError
+
+PROFILE_SCHEMA = "taxes.hardware"
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    description: str
+    source: str  # "datasheet" or "calibrated ..." with where and when
+    sm_count: int
+    matrix_tflops: dict  # dense peak per dtype, 1e12 FLOP/s
+    hbm_gbps: float  # device memory, bytes read + written per second, 1e9 B/s
+    peer_link_gbps: float  # one direction, from one GPU to one peer, 1e9 B/s
+    injection_gbps: float  # one direction, from one GPU to all peers together, 1e9 B/s
+    link_latency_us: float  # a peer store becoming visible to the peer
+    collective_base_us: float  # fixed device-side cost of one NCCL collective
+    launch_eager_us: float  # host time of one eager launch (kernel or collective) from Python
+    launch_graph_us: float  # per-kernel gap inside a replayed CUDA graph
+    flag_round_trip_us: float  # cross-GPU flag ping-pong (signal, peer sees it, signals back)
+    kernel_floor_us: float  # device duration of a kernel that does almost nothing
+    rank_skew_us: float  # spread of ranks' arrival at a collective after a barrier-aligned start
+    matmul_efficiency: float  # fraction of matrix peak a large vendor GEMM reaches
+    triton_matmul_efficiency: float  # fraction of matrix peak our fused Triton GEMM reaches
+    hbm_efficiency: float  # fraction of HBM bandwidth a large copy reaches
+    collective_efficiency: float  # fraction of link bandwidth a large NCCL collective reaches
+    p2p_efficiency: float  # fraction of link bandwidth a kernel's peer stores/loads reach
+    extra: dict = field(default_factory=dict)  # calibration detail (curves, raw readings)
+
+    def peak_flops(self, dtype: str) -> float:
+        if dtype not in self.matrix_tflops:
+            raise TaxesError(f"hardware {self.name}: no matrix peak for dtype {dtype}")
+        return self.matrix_tflops[dtype] * 1e12
+
+    def hbm_bytes_per_us(self) -> float:
+        return self.hbm_gbps * 1e3
+
+    def inbound_bytes_per_us(self, world: int) -> float:
+        """Bytes per us a rank can receive when all world-1 peers send to it at once."""
+        if world <= 1:
+            return math.inf
+        return min(self.injection_gbps, (world - 1) * self.peer_link_gbps) * 1e3
+
+
+# NVIDIA H100 Tensor Core GPU datasheet (SXM5, 2023): BF16/FP16 tensor 1,979 TFLOPS with sparsity
+# (989.4 dense); HBM3 3.35 TB/s; NVLink 4 900 GB/s bidirectional per GPU (450 GB/s each way),
+# reaching any peer through NVSwitch. 132 SMs: "NVIDIA H100 Tensor Core GPU Architecture" whitepaper.
+H100_SXM = HardwareProfile(
+    name="h100-sxm",
+    description="NVIDIA H100 SXM5 80GB, NVLink 4 through NVSwitch",
+    source="datasheet",
+    sm_count=132,
+    matrix_tflops={"bf16": 989.4, "fp16": 989.4},
+    hbm_gbps=3350.0,
+    peer_link_gbps=450.0,
+    injection_gbps=450.0,
+    link_latency_us=2.0,  # assumed: order of one NVLink store-to-visibility; calibrate measures it
+    collective_base_us=27.0,  # measured (PLATFORM.md): 32-byte NCCL all-gather 50 us minus ~23 us launch
+    launch_eager_us=20.0,  # measured (PLATFORM.md): 16 us Triton kernel, 23 us torch op, on our VMs
+    launch_graph_us=0.9,  # measured (PLATFORM.md): per kernel inside a CUDA graph
+    flag_round_trip_us=5.0,  # assumed: two link latencies plus polling (PLATFORM.md's 32.6 us probe is suspect)
+    kernel_floor_us=2.0,  # assumed: device time of a near-empty kernel
+    rank_skew_us=5.0,  # assumed: launch jitter between ranks after a barrier
+    matmul_efficiency=0.80,  # measured (device KINDS.md, H100): 8192^3 bf16 at 798 TFLOP/s
+    triton_matmul_efficiency=0.76,  # assumed: 95% of cuBLAS, until our kernel is measured
+    hbm_efficiency=0.90,  # measured (device KINDS.md, H100): device copy 3.0 TB/s
+    collective_efficiency=0.63,  # measured on H200 NVLink (PLATFORM.md): NCCL all-gather 1 GiB/rank, 283 GB/s
+    p2p_efficiency=0.70,  # measured on H200 NVLink (PLATFORM.md): Triton peer store 313 GB/s
+)
+
+# NVIDIA H200 datasheet (SXM, 2024): BF16/FP16 tensor 1,979 TFLOPS with sparsity (989.4 dense),
+# HBM3e 4.8 TB/s, 141 GB, NVLink 900 GB/s bidirectional (450 GB/s each way). Same GH100 die: 132 SMs.
+H200_SXM = HardwareProfile(
+    name="h200-sxm",
+    description="NVIDIA H200 SXM 141GB, NVLink 4",
+    source="datasheet",
+    sm_count=132,
+    matrix_tflops={"bf16": 989.4, "fp16": 989.4},
+    hbm_gbps=4800.0,
+    peer_link_gbps=450.0,
+    injection_gbps=450.0,
+    link_latency_us=2.0,  # assumed: order of one NVLink store-to-visibility; calibrate measures it
+    collective_base_us=27.0,  # measured (PLATFORM.md): 32-byte NCCL all-gather 50 us minus ~23 us launch
+    launch_eager_us=20.0,  # measured (PLATFORM.md): 16 us Triton kernel, 23 us torch op
+    launch_graph_us=0.9,  # measured (PLATFORM.md): per kernel inside a CUDA graph
+    flag_round_trip_us=5.0,  # assumed (PLATFORM.md's 32.6 us one-probe reading is flagged as suspect)
+    kernel_floor_us=2.0,  # assumed: device time of a near-empty kernel
+    rank_skew_us=5.0,  # assumed: launch jitter between ranks after a barrier
+    matmul_efficiency=0.79,  # measured (PLATFORM.md): cuBLAS bf16 8192^3 at 779 TFLOP/s
+    triton_matmul_efficiency=0.75,  # assumed: 95% of cuBLAS, until our kernel is measured
+    hbm_efficiency=0.875,  # measured (PLATFORM.md): device-to-device copy 4200 GB/s
+    collective_efficiency=0.63,  # measured (PLATFORM.md): NCCL all-gather 1 GiB/rank in 3.8 ms, 283 GB/s received
+    p2p_efficiency=0.70,  # measured (PLATFORM.md): Triton kernel storing to a peer, 313 GB/s
+)
+
+# AMD Instinct MI300X data sheet and CDNA 3 white paper (2023): BF16/FP16 dense 1,307.4 TFLOPS,
+# HBM3 5.3 TB/s, 304 CUs; 7 Infinity Fabric links of 128 GB/s bidirectional, one to each peer of an
+# 8-GPU platform: 64 GB/s each way to one peer, 448 GB/s each way to all seven.
+MI300X = HardwareProfile(
+    name="mi300x",
+    description="AMD Instinct MI300X 192GB, Infinity Fabric full mesh of 8",
+    source="datasheet",
+    sm_count=304,
+    matrix_tflops={"bf16": 1307.4, "fp16": 1307.4},
+    hbm_gbps=5300.0,
+    peer_link_gbps=64.0,
+    injection_gbps=448.0,
+    link_latency_us=2.0,  # assumed
+    collective_base_us=30.0,  # assumed: RCCL small-message all-gather of the same order as NCCL's
+    launch_eager_us=20.0,  # assumed: as measured for NVIDIA on our VMs
+    launch_graph_us=1.5,  # assumed: HIP graphs replay somewhat slower per node than CUDA graphs
+    flag_round_trip_us=5.0,  # assumed
+    kernel_floor_us=3.0,  # assumed
+    rank_skew_us=5.0,  # assumed
+    matmul_efficiency=0.55,  # assumed: hipBLASLt large bf16 GEMMs reach about half of peak
+    triton_matmul_efficiency=0.50,  # assumed
+    hbm_efficiency=0.80,  # assumed
+    collective_efficiency=0.60,  # assumed
+    p2p_efficiency=0.60,  # assumed
+)
+
+BUILTIN = {p.name: p for p in (H100_SXM, H200_SXM, MI300X)}
+_NUMBER_FIELDS = [f.name for f in fields(HardwareProfile) if f.type in ("float", "int")]
+_FRACTIONS = [n for n in _NUMBER_FIELDS if n.endswith("_efficiency")]
+
+
+def profile_dirs() -> list[Path]:
+    """Where saved (calibrated) profiles are looked up by name, first hit wins."""
+    dirs = []
+    if os.environ.get("TAXES_PROFILE_DIR"):
+        dirs.append(Path(os.environ["TAXES_PROFILE_DIR"]))
+    dirs.append(Path.home() / ".config" / "taxes" / "profiles")
+    dirs.append(Path(__file__).parent / "profiles")  # calibrated profiles shipped with the package
+    return dirs
+
+
+def profile_from_dict(d: dict, origin: str = "profile") -> HardwareProfile:
+    """Validate a profile dictionary (from JSON); every problem is one TaxesError line."""
+    if not isinstance(d, dict):
+        raise TaxesError(f"{origin}: a hardware profile must be a JSON object")
+    if d.get("schema", PROFILE_SCHEMA) != PROFILE_SCHEMA:
+        raise TaxesError(f"{origin}: not a hardware profile (schema {d.get('schema')!r})")
+    if d.get("schema_version", PROFILE_VERSION) != PROFILE_VERSION:
+        raise TaxesError(f"{origin}: hardware profile version {d.get('schema_version')!r} is not supported (this taxes reads version {PROFILE_VERSION})")
+    names = {f.name for f in fields(HardwareProfile)}
+    missing = sorted(names - set(d) - {"extra", "description", "source"})
+    if missing:
+        raise TaxesError(f"{origin}: hardware profile lacks {missing[0]}")
+    for key in ("name", "description", "source"):
+        if key in d and not isinstance(d[key], str):
+            raise TaxesError(f"{origin}: {key} must be a string")
+    values = {}
+    for name in _NUMBER_FIELDS:
+        v = d[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or v > 1e9:
+            raise TaxesError(f"{origin}: {name}={v!r} must be a finite non-negative number")
+        if name in _FRACTIONS and not 0 < v <= 1:
+            raise TaxesError(f"{origin}: {name}={v!r} must be a fraction in (0, 1]")
+        values[name] = v
+    if values["sm_count"] < 1 or int(values["sm_count"]) != values["sm_count"]:
+        raise TaxesError(f"{origin}: sm_count must be a positive whole number")
+    for name in ("hbm_gbps", "peer_link_gbps", "injection_gbps"):
+        if values[name] <= 0:
+            raise TaxesError(f"{origin}: {name} must be positive")
+    tf = d["matrix_tflops"]
+    if not isinstance(tf, dict) or not tf or not all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 < v < 1e9
+        for k, v in tf.items()
+    ):
+        raise TaxesError(f"{origin}: matrix_tflops must map dtype names to positive numbers")
+    extra = d.get("extra", {})
+    if not isinstance(extra, dict):
+        raise TaxesError(f"{origin}: extra must be an object")
+    try:
+        json.dumps(extra, allow_nan=False)
+    except (ValueError, TypeError):
+        raise TaxesError(f"{origin}: extra holds a value JSON cannot keep (a non-finite number?)") from None
+    return HardwareProfile(
+        name=d["name"] if isinstance(d["name"], str) and d["name"] else "unnamed",
+        description=d.get("description", ""),
+        source=d.get("source", "file"),
+        matrix_tflops={k: float(v) for k, v in tf.items()},
+        extra=extra,
+        **{k: (int(v) if k == "sm_count" else float(v)) for k, v in values.items()},
+    )
+
+
+def profile_to_dict(profile: HardwareProfile) -> dict:
+    return {"schema": PROFILE_SCHEMA, "schema_version": PROFILE_VERSION, **asdict(profile)}
+
+
+def load_profile_file(path: str | Path) -> HardwareProfile:
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise TaxesError(f"hardware profile {path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise TaxesError(f"hardware profile {path}: not a hardware profile (not UTF-8 text)") from None
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:
+        raise TaxesError(f"hardware profile {path}: not valid JSON ({str(e).splitlines()[0]})") from None
+    return profile_from_dict(data, origin=f"hardware profile {path}")
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+
+def saved_profiles() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in reversed(profile_dirs()):  # earlier directories take precedence
+        if d.is_dir():
+            for p in sorted(d.glob("*.json")):
+                found[p.stem] = p
+    return found
+
+
+def get_profile(name_or_path: str) -> HardwareProfile:
+    """A built-in profile by name, a saved profile by name, or a profile JSON file by path."""
+    if name_or_path in BUILTIN:
+        return BUILTIN[name_or_path]
+    saved = saved_profiles()
+    if name_or_path in saved:
+        return load_profile_file(saved[name_or_path])
+    if name_or_path.endswith(".json") or os.path.sep in name_or_path:
+        return load_profile_file(name_or_path)
+    known = ", ".join([*BUILTIN, *saved])
+    raise TaxesError(f"unknown hardware profile {name_or_path!r}: choose from {known}, or give a profile .json path")
+
+
+def all_profiles() -> dict[str, tuple[HardwareProfile | None, str]]:
+    """Every profile by name: (profile or None if it does not load, where it comes from)."""
+    out: dict[str, tuple[HardwareProfile | None, str]] = {n: (p, "built-in") for n, p in BUILTIN.items()}
+    for name, path in saved_profiles().items():
+        try:
+            out.setdefault(name, (load_profile_file(path), str(path)))
+        except TaxesError:
+            out.setdefault(name, (None, f"{path} (does not load)"))
+    return out

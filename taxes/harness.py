@@ -1,0 +1,66 @@
+"""Timing one variant on every rank: barrier-aligned iterations timed with device events.
+
+An iteration (docs/method.md): all ranks meet at a barrier (device synchronised first), then each
+records a start event on its stream, runs the variant, records an end event. A rank's sample is
+end - start; the iteration's E2E is the slowest rank's sample (taken when the document is built).
+Inputs rotate over several sets so a small problem is not served from L2.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import time
+
+import torch
+
+
+def time_iterations(ctx, run, input_sets: list, iters: int, warmup: int) -> list[float]:
+    """Run `run(*input_sets[i % n])` warmup + iters times; return this rank's iteration times in us."""
+    on_gpu = ctx.device.type == "cuda"
+    samples = []
+    for i in range(warmup + iters):
+        args = input_sets[i % len(input_sets)]
+        ctx.barrier()
+        if on_gpu:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run(*args)
+            end.record()
+            end.synchronize()
+            us = start.elapsed_time(end) * 1e3
+        else:
+            t0 = time.perf_counter()
+            run(*args)
+            us = (time.perf_counter() - t0) * 1e6
+        if i >= warmup:
+            samples.append(us)
+    return samples
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def gpu_metadata() -> dict:
+    """GPU names, driver and clocks as nvidia-smi reports them now (empty without a GPU)."""
+    meta: dict = {"gpu_names": [], "clocks": []}
+    if not torch.cuda.is_available():
+        return meta
+    meta["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    try:
+        q = "name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu"
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20)
+        for line in out.stdout.strip().splitlines():
+            name, driver, sm, mem, max_sm, power, temp = (s.strip() for s in line.split(","))
+            meta["clocks"].append({"name": name, "driver": driver, "sm_clock": sm, "mem_clock": mem,
+                                   "max_sm_clock": max_sm, "power": power, "temperature_c": temp})
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    meta["cuda_version"] = torch.version.cuda
+    try:
+        meta["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:
+        pass
+    return meta

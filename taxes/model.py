@@ -1,0 +1,366 @@
+"""The analytical cost model: every variant's E2E and its three taxes, from shapes and hardware figures.
+
+The model predicts one iteration on one rank as a sequence of steps (kernels and collectives) on that
+rank's stream. Each step's duration is the sum of labelled parts (ideal, sync wait, exposed transfer,
+locality, inefficiency); a simulation of the host's launch queue places the steps in time and turns
+the device's idle gaps into the launch tax. The components therefore add up to the predicted E2E by
+construction, and the predicted timeline has the same form as a measured one. docs/model.md gives
+every formula and why it has its form.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from taxes.errors import TaxesError
+from taxes.hardware import HardwareProfile
+from taxes.workloads import (
+    BSP_VARIANTS,
+    MODEL_VARIANTS,
+    AgGemm,
+    FlashDecode,
+    GemmRs,
+    Workload,
+    replace_dim,
+)
+
+# The additive components of E2E, in report order. ideal + taxes + inefficiency + unattributed = E2E.
+COMPONENTS = ("ideal", "sync_wait", "exposed_transfer", "locality", "launch", "inefficiency", "unattributed")
+TAXES = {
+    "bulk-synchronous": ("sync_wait", "exposed_transfer"),
+    "data-locality": ("locality",),
+    "kernel-launch": ("launch",),
+}
+COMPONENT_TITLES = {
+    "ideal": "ideal (floor)",
+    "sync_wait": "bulk-sync: sync wait",
+    "exposed_transfer": "bulk-sync: exposed transfer",
+    "locality": "data-locality tax",
+    "launch": "kernel-launch tax",
+    "inefficiency": "kernel inefficiency",
+    "unattributed": "unattributed",
+}
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Schedule assumptions of the fused kernels (not hardware facts; docs/model.md)."""
+
+    chunks_per_peer: int = 8  # flags (pipeline chunks) per peer's shard in fused kernels
+    push_producer_sms: int = 0  # SMs a push variant gives to producer CTAs (0: copy engine produces)
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The no-tax floor of one rank, us: T_ideal = max(T_compute, T_hbm, T_link)."""
+
+    compute_us: float
+    hbm_us: float
+    link_us: float
+
+    @property
+    def work_us(self) -> float:
+        """The local work's floor: max(compute, HBM)."""
+        return max(self.compute_us, self.hbm_us)
+
+    @property
+    def ideal_us(self) -> float:
+        return max(self.work_us, self.link_us)
+
+    @property
+    def unhideable_link_us(self) -> float:
+        """Link time no schedule can hide behind local work."""
+        return self.ideal_us - self.work_us
+
+
+@dataclass
+class Step:
+    """One kernel or collective as the model predicts it: duration = sum(parts)."""
+
+    name: str
+    role: str  # compute | communication
+    parts: dict[str, float]
+
+    @property
+    def duration_us(self) -> float:
+        return math.fsum(self.parts.values())
+
+
+@dataclass
+class Phase:
+    """A step placed on the rank's timeline (us from the iteration's start)."""
+
+    name: str
+    role: str
+    start_us: float
+    end_us: float
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Prediction:
+    workload: Workload
+    variant: str
+    hardware: str
+    e2e_us: float
+    components: dict[str, float]
+    floor: Floor
+    exposed_communication_us: float
+    phases: list[Phase]
+
+    def taxes_us(self) -> dict[str, float]:
+        return {tax: math.fsum(self.components[c] for c in parts) for tax, parts in TAXES.items()}
+
+
+def floor_of(w: Workload, hw: HardwareProfile) -> Floor:
+    compute = w.flops() / hw.peak_flops(w.dtype) * 1e6
+    hbm = w.hbm_bytes() / hw.hbm_bytes_per_us()
+    link = w.link_bytes() / hw.inbound_bytes_per_us(w.world) + hw.link_latency_us if w.world > 1 else 0.0
+    return Floor(compute, hbm, link)
+
+
+# ---- building blocks, all in us ------------------------------------------------------------------
+
+
+def _hbm_us(nbytes: float, hw: HardwareProfile) -> float:
+    """Time to move bytes through HBM at the achievable (calibrated) bandwidth."""
+    return nbytes / (hw.hbm_bytes_per_us() * hw.hbm_efficiency)
+
+
+def _collective_us(nbytes_in: float, w: Workload, hw: HardwareProfile) -> float:
+    """An NCCL collective that delivers nbytes_in to each rank: base latency + bytes / achieved bw."""
+    if w.world == 1:
+        return hw.collective_base_us
+    return hw.collective_base_us + nbytes_in / (hw.inbound_bytes_per_us(w.world) * hw.collective_efficiency)
+
+
+def _work_us(w: Workload, hw: HardwareProfile, efficiency: float, flops: float | None = None) -> float:
+    """A compute kernel doing the workload's local work at a fraction of peak, or HBM-bound."""
+    flops = w.flops() if flops is None else flops
+    return max(flops / (hw.peak_flops(w.dtype) * efficiency) * 1e6, _hbm_us(w.hbm_bytes(), hw))
+
+
+def _compute_step(name: str, fl: Floor, time_us: float, locality_us: float = 0.0) -> Step:
+    return Step(name, "compute", {"ideal": fl.work_us, "inefficiency": time_us - fl.work_us, "locality": locality_us})
+
+
+def _collective_step(name: str, w: Workload, hw: HardwareProfile, fl: Floor, nbytes_in: float, locality_us: float) -> Step:
+    transfer = _collective_us(nbytes_in, w, hw)
+    unhideable = min(fl.unhideable_link_us, transfer)
+    skew = hw.rank_skew_us if w.world > 1 else 0.0
+    return Step(name, "communication", {
+        "sync_wait": skew,
+        "locality": locality_us,
+        "ideal": unhideable,
+        "exposed_transfer": transfer - unhideable,
+    })
+
+
+def _small_kernel_step(name: str, hw: HardwareProfile, locality_us: float) -> Step:
+    """A combine-like kernel: its bytes are all intermediate; below the kernel floor it idles."""
+    return Step(name, "compute", {"locality": locality_us, "inefficiency": max(0.0, hw.kernel_floor_us - locality_us)})
+
+
+def _overlap(chunks: list[tuple[float, float]]) -> tuple[float, float]:
+    """Consume chunks in order: chunk i is ready at arrive_i and takes compute_i.
+    Returns (finish, time spent waiting for arrivals)."""
+    t = wait = 0.0
+    for arrive, compute in chunks:
+        if arrive > t:
+            wait += arrive - t
+            t = arrive
+        t += compute
+    return t, wait
+
+
+def _fused_step(name: str, fl: Floor, finish: float, wait: float, wait_no_skew: float, locality_us: float) -> Step:
+    """Split a fused kernel's (finish, wait) into components.
+
+    Waiting up to the unhideable link time is part of the floor; waiting beyond it is the fused
+    kernel's bulk-synchronous tax (the share caused by a late peer is sync wait, the rest exposed
+    transfer); compute beyond the floor that the wait did not hide is kernel inefficiency."""
+    excess_wait = max(0.0, wait - fl.unhideable_link_us)
+    sync = min(max(0.0, wait - wait_no_skew), excess_wait)
+    return Step(name, "compute", {
+        "ideal": fl.ideal_us,
+        "sync_wait": sync,
+        "exposed_transfer": excess_wait - sync,
+        "inefficiency": finish - fl.ideal_us - excess_wait,
+        "locality": locality_us,
+    })
+
+
+# ---- the workloads' steps --------------------------------------------------------------------------
+
+
+def _ag_gemm_steps(w: AgGemm, variant: str, hw: HardwareProfile, fl: Floor, opt: ModelOptions) -> list[Step]:
+    half = _hbm_us(w.intermediate_bytes(variant) / 2, hw)  # written once, read once
+    if variant in BSP_VARIANTS:
+        return [
+            _collective_step("all_gather", w, hw, fl, w.link_bytes(), locality_us=half),
+            _compute_step("matmul", fl, _work_us(w, hw, hw.matmul_efficiency), locality_us=half),
+        ]
+    p = w.world
+    push = variant == "fused-push"
+    sm_share = hw.sm_count / (hw.sm_count - opt.push_producer_sms) if push else 1.0
+    compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share
+    n = (p - 1) * opt.chunks_per_peer
+    rate = hw.inbound_bytes_per_us(p) * hw.p2p_efficiency
+    signal = hw.link_latency_us + (hw.flag_round_trip_us / 2 if push else 0.0)
+
+    def run(skew: float) -> tuple[float, float]:
+        # The local shard first (ready at once), then peer chunks in order of arrival.
+        chunks = [(0.0, compute / p)]
+        chunks += [(skew + signal + (i + 1) * w.link_bytes() / n / rate, compute * (p - 1) / p / n) for i in range(n)]
+        return _overlap(chunks)
+
+    finish, wait = run(hw.rank_skew_us if p > 1 else 0.0)
+    _, wait0 = run(0.0)
+    return [_fused_step(f"ag_gemm_{variant.replace('-', '_')}", fl, finish, wait, wait0, 2 * half)]
+
+
+def _gemm_rs_steps(w: GemmRs, variant: str, hw: HardwareProfile, fl: Floor, opt: ModelOptions) -> list[Step]:
+    half = _hbm_us(w.intermediate_bytes(variant) / 2, hw)
+    if variant in BSP_VARIANTS:
+        return [
+            _compute_step("matmul", fl, _work_us(w, hw, hw.matmul_efficiency), locality_us=half),
+            _collective_step("reduce_scatter", w, hw, fl, w.link_bytes(), locality_us=half),
+        ]
+    p = w.world
+    push = variant == "fused-push"
+    sm_share = hw.sm_count / (hw.sm_count - opt.push_producer_sms) if push else 1.0
+    compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share
+    n = (p - 1) * opt.chunks_per_peer  # chunks of the peers' row blocks, computed first
+    chunk_c, chunk_bytes = compute / p / opt.chunks_per_peer, w.link_bytes() / max(n, 1)
+    rate = hw.inbound_bytes_per_us(p) * hw.p2p_efficiency
+    signal = hw.link_latency_us + (hw.flag_round_trip_us / 2 if push else 0.0)
+
+    def run(skew: float) -> tuple[float, float]:
+        # Compute the peers' blocks chunk by chunk; each goes out over the link as soon as it is done.
+        # By symmetry the chunks for this rank's own block arrive when ours arrive at the peers.
+        link_free, arrivals = 0.0, []
+        for i in range(n):
+            done = (i + 1) * chunk_c
+            link_free = max(done, link_free) + chunk_bytes / rate
+            arrivals.append(skew + link_free + signal)
+        # Then this rank's own block, chunk by chunk: compute its partial, wait for the peers' partials
+        # of the same rows (the last peer's chunk for those rows), reduce.
+        start = n * chunk_c
+        own = [(arrivals[min(n - 1, (p - 2) * opt.chunks_per_peer + k)] if n else 0.0, chunk_c) for k in range(opt.chunks_per_peer)]
+        t, wait = _overlap([(start, 0.0)] + own)
+        return t, wait - start
+
+    finish, wait = run(hw.rank_skew_us if p > 1 else 0.0)
+    _, wait0 = run(0.0)
+    return [_fused_step(f"gemm_rs_{variant.replace('-', '_')}", fl, finish, wait, wait0, 2 * half)]
+
+
+def _flash_decode_steps(w: FlashDecode, variant: str, hw: HardwareProfile, fl: Floor, opt: ModelOptions) -> list[Step]:
+    p, part = w.world, w.partial_bytes()
+    splits = w.kv_splits(hw.sm_count)
+    split_io = splits * part  # the split-KV kernel's partials, written then read by the combine
+    attention = _compute_step("split_kv_attention", fl, _work_us(w, hw, hw.matmul_efficiency), _hbm_us(split_io, hw))
+    if variant in BSP_VARIANTS:
+        return [
+            attention,
+            _small_kernel_step("local_combine", hw, _hbm_us(split_io + part, hw)),
+            _collective_step("all_gather_partials", w, hw, fl, w.link_bytes(), _hbm_us(part + p * part, hw)),
+            _small_kernel_step("global_combine", hw, _hbm_us(p * part, hw)),
+        ]
+    # Fused: one combine kernel merges the splits, sends the rank's partial to every peer (push) or
+    # publishes it for them to read (pull), and merges peers' partials as their flags arrive.
+    push = variant == "fused-push"
+    rate = hw.inbound_bytes_per_us(p) * hw.p2p_efficiency
+    transfer = (w.link_bytes() / rate + hw.link_latency_us + (hw.flag_round_trip_us / 2 if push else hw.flag_round_trip_us)) if p > 1 else 0.0
+    locality = _hbm_us(split_io + 2 * (p - 1) * part, hw)
+    unhideable = min(fl.unhideable_link_us, transfer)
+    combine = Step(f"combine_{variant.replace('-', '_')}", "compute", {
+        "locality": locality,
+        "inefficiency": max(0.0, hw.kernel_floor_us - locality),
+        "sync_wait": hw.rank_skew_us if p > 1 else 0.0,
+        "ideal": unhideable,
+        "exposed_transfer": transfer - unhideable,
+    })
+    return [attention, combine]
+
+
+_STEPS = {"ag-gemm": _ag_gemm_steps, "gemm-rs": _gemm_rs_steps, "flash-decode": _flash_decode_steps}
+
+
+# ---- the launch queue ----------------------------------------------------------------------------
+
+
+def schedule(steps: list[Step], variant: str, hw: HardwareProfile) -> tuple[list[Phase], float]:
+    """Place steps on the device timeline; return the phases and the total idle (launch tax).
+
+    Eager: the host issues launch i when launch i-1's call returns, each call costing launch_eager_us;
+    the device starts a step when its launch has been issued and the previous step has ended.
+    CUDA graph: one launch call for the whole graph, then launch_graph_us between its kernels."""
+    phases, t, idle = [], 0.0, 0.0
+    for i, step in enumerate(steps):
+        if variant == "bsp-graph":
+            ready = hw.launch_eager_us if i == 0 else t + hw.launch_graph_us
+        else:
+            ready = (i + 1) * hw.launch_eager_us
+        start = max(t, ready)
+        idle += start - t
+        t = start + step.duration_us
+        phases.append(Phase(step.name, step.role, start, t, dict(step.parts)))
+    return phases, idle
+
+
+def predict(w: Workload, variant: str, hw: HardwareProfile, options: ModelOptions | None = None) -> Prediction:
+    if variant not in MODEL_VARIANTS:
+        raise TaxesError(f"unknown variant {variant!r}: the model knows {', '.join(MODEL_VARIANTS)}")
+    if w.dtype not in hw.matrix_tflops:
+        raise TaxesError(f"hardware {hw.name} has no matrix peak for dtype {w.dtype}")
+    opt = options or ModelOptions()
+    fl = floor_of(w, hw)
+    steps = _STEPS[w.name](w, variant, hw, fl, opt)
+    phases, idle = schedule(steps, variant, hw)
+    comp = {c: 0.0 for c in COMPONENTS}
+    for s in steps:
+        for c, v in s.parts.items():
+            comp[c] += v
+    comp["launch"] = idle
+    for c, v in comp.items():
+        if v < -1e-9:
+            raise AssertionError(f"model produced a negative {c} ({v}) for {w} {variant}")
+        comp[c] = max(0.0, v)
+    e2e = math.fsum(comp[c] for c in COMPONENTS)
+    exposed = math.fsum(s.duration_us for s in steps if s.role == "communication") + (
+        0.0 if variant in BSP_VARIANTS else comp["sync_wait"] + comp["exposed_transfer"] + min(fl.unhideable_link_us, comp["ideal"])
+    )
+    return Prediction(w, variant, hw.name, e2e, comp, fl, exposed, phases)
+
+
+def predict_all(w: Workload, hw: HardwareProfile, variants=MODEL_VARIANTS, options: ModelOptions | None = None) -> list[Prediction]:
+    return [predict(w, v, hw, options) for v in variants]
+
+
+def parse_sweep(text: str, workload: Workload) -> tuple[str, list[int]]:
+    """'M=1024:16384' -> ('M', [1024, 2048, 4096, 8192, 16384]): one dimension, doubling."""
+    from taxes.workloads import parse_int
+
+    if "=" not in text or ":" not in text:
+        raise TaxesError(f"sweep: {text!r} is not DIM=START:STOP (e.g. M=1024:16384)")
+    dim, rng = (s.strip() for s in text.split("=", 1))
+    if dim not in workload.dims:
+        raise TaxesError(f"sweep: {workload.name} has no dimension {dim!r} (its dimensions: {', '.join(workload.dims)})")
+    lo_text, hi_text = rng.split(":", 1)
+    lo, hi = parse_int(lo_text, dim), parse_int(hi_text, dim)
+    if lo <= 0 or hi < lo:
+        raise TaxesError(f"sweep: {dim} range {lo}:{hi} must be positive and increasing")
+    values = []
+    v = lo
+    while v <= hi and len(values) < 64:
+        values.append(v)
+        v *= 2
+    return dim, values
+
+
+def sweep(w: Workload, dim: str, values: list[int], hw: HardwareProfile, variants=MODEL_VARIANTS,
+          options: ModelOptions | None = None) -> list[list[Prediction]]:
+    """Predictions for each value of one dimension (each value validated like any shape)."""
+    return [predict_all(replace_dim(w, dim, v), hw, variants, options) for v in values]

@@ -1,0 +1,269 @@
+"""The three workloads: their shapes, and the work each one must do per rank.
+
+A workload knows, per rank and from its shape alone:
+- flops: matrix/attention FLOPs the rank must execute;
+- hbm_bytes: essential device-memory traffic (each input read once, each output written once);
+- link_bytes: bytes that must arrive over the GPU link (what peers must send this rank);
+- intermediate_bytes(variant): bytes of intermediate tensors written to HBM by one phase and read back
+  by another (written + read), the traffic behind the data-locality tax;
+- kernel_count(variant): launches (kernels and collectives) one iteration of the variant makes.
+All byte counts are per rank. The element size comes from the dtype (bf16 and fp16: 2 bytes).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields
+
+from taxes.errors import TaxesError
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2}
+# Partial outputs and log-sum-exps of flash decode are kept in float32 for a safe combine.
+PARTIAL_BYTES = 4
+
+BSP_VARIANTS = ("bsp", "bsp-graph")
+FUSED_VARIANTS = ("fused-pull", "fused-push")
+MODEL_VARIANTS = BSP_VARIANTS + FUSED_VARIANTS
+
+
+def _check_variant(variant: str) -> None:
+    if variant not in MODEL_VARIANTS:
+        raise TaxesError(f"unknown variant {variant!r}: choose from {', '.join(MODEL_VARIANTS)}")
+
+
+@dataclass(frozen=True)
+class AgGemm:
+    """All-gather of A along M, then C = A @ W. A (M x K) has M/p rows per rank; W (K x N) has N/p
+    columns per rank; each rank computes its M x N/p slice of C."""
+
+    M: int
+    N: int
+    K: int
+    world: int
+    dtype: str = "bf16"
+    name = "ag-gemm"
+    dims = ("M", "N", "K")
+    split_dims = ("M", "N")
+
+    @property
+    def elt(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def flops(self) -> float:
+        return 2.0 * self.M * (self.N // self.world) * self.K
+
+    def hbm_bytes(self) -> float:
+        a_local = self.M // self.world * self.K
+        w_local = self.K * (self.N // self.world)
+        c_local = self.M * (self.N // self.world)
+        return float((a_local + w_local + c_local) * self.elt)
+
+    def link_bytes(self) -> float:
+        return float((self.world - 1) * (self.M // self.world) * self.K * self.elt)
+
+    def intermediate_bytes(self, variant: str) -> float:
+        _check_variant(variant)
+        if variant in BSP_VARIANTS:
+            # The gathered A (M x K) is written by the all-gather and read back by the GEMM.
+            return 2.0 * self.M * self.K * self.elt
+        # Fused: peer rows land in a local buffer (pushed by the peer, or staged by the consumer)
+        # and are read once by the GEMM; local rows are read in place.
+        return 2.0 * self.link_bytes()
+
+    def kernel_count(self, variant: str) -> int:
+        _check_variant(variant)
+        return 2 if variant in BSP_VARIANTS else 1
+
+
+@dataclass(frozen=True)
+class GemmRs:
+    """Each rank computes an M x N partial product from its K/p slice (A: M x K/p, W: K/p x N), then a
+    reduce-scatter along M leaves each rank the summed M/p x N block it owns."""
+
+    M: int
+    N: int
+    K: int
+    world: int
+    dtype: str = "bf16"
+    name = "gemm-rs"
+    dims = ("M", "N", "K")
+    split_dims = ("M", "K")
+
+    @property
+    def elt(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def flops(self) -> float:
+        return 2.0 * self.M * self.N * (self.K // self.world)
+
+    def hbm_bytes(self) -> float:
+        a_local = self.M * (self.K // self.world)
+        w_local = (self.K // self.world) * self.N
+        c_owned = (self.M // self.world) * self.N
+        return float((a_local + w_local + c_owned) * self.elt)
+
+    def link_bytes(self) -> float:
+        return float((self.world - 1) * (self.M // self.world) * self.N * self.elt)
+
+    def intermediate_bytes(self, variant: str) -> float:
+        _check_variant(variant)
+        if variant in BSP_VARIANTS:
+            # The whole M x N partial is written by the GEMM and read by the reduce-scatter.
+            return 2.0 * self.M * self.N * self.elt
+        # Fused: only the peers' partials for the rows this rank owns pass through HBM (written by
+        # the peers, read by the reduction); the rank's own partial is reduced in registers.
+        return 2.0 * self.link_bytes()
+
+    def kernel_count(self, variant: str) -> int:
+        _check_variant(variant)
+        return 2 if variant in BSP_VARIANTS else 1
+
+
+@dataclass(frozen=True)
+class FlashDecode:
+    """One decode step of attention with the KV cache split along the sequence: every rank holds S
+    tokens of K and V for B sequences and Hkv heads; the query (B x Hq x D) is replicated; Hq query
+    heads share Hkv KV heads (GQA). Every rank ends with the full output."""
+
+    B: int
+    Hq: int
+    Hkv: int
+    D: int
+    S: int
+    world: int
+    dtype: str = "bf16"
+    name = "flash-decode"
+    dims = ("B", "Hq", "Hkv", "D", "S")
+    split_dims = ()
+
+    @property
+    def elt(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def partial_bytes(self) -> float:
+        """One rank's combined partial: output (D floats) and log-sum-exp (1 float) per (b, head)."""
+        return float(self.B * self.Hq * (self.D + 1) * PARTIAL_BYTES)
+
+    def kv_bytes(self) -> float:
+        return float(2 * self.B * self.Hkv * self.S * self.D * self.elt)
+
+    def flops(self) -> float:
+        return 4.0 * self.B * self.Hq * self.S * self.D  # q.k^T and p.v
+
+    def hbm_bytes(self) -> float:
+        q_and_out = 2 * self.B * self.Hq * self.D * self.elt
+        return self.kv_bytes() + q_and_out
+
+    def link_bytes(self) -> float:
+        return (self.world - 1) * self.partial_bytes()
+
+    def kv_splits(self, sm_count: int, block_n: int = 64) -> int:
+        """Split-KV count per (b, kv head): enough programs to fill the SMs about twice, at least one
+        KV block per split."""
+        want = math.ceil(2 * sm_count / (self.B * self.Hkv))
+        return max(1, min(want, math.ceil(self.S / block_n)))
+
+    def intermediate_bytes(self, variant: str, splits: int = 1) -> float:
+        _check_variant(variant)
+        p, part = self.world, self.partial_bytes()
+        split_round_trip = 2 * splits * part  # the split-KV kernel's partials, written then read by the combine
+        if variant in BSP_VARIANTS:
+            # local combine writes the rank's partial, the all-gather reads it and writes p of them,
+            # the global combine reads those back.
+            return split_round_trip + 2 * part + 2 * p * part
+        # Fused: peers' partials land in the rank's inbox and are read by the global combine.
+        return split_round_trip + 2 * (p - 1) * part
+
+    def kernel_count(self, variant: str) -> int:
+        _check_variant(variant)
+        # bsp: split-KV, local combine, all-gather, global combine. fused: split-KV, and one
+        # combine kernel that pushes/pulls the partials and merges them as they arrive.
+        return 4 if variant in BSP_VARIANTS else 2
+
+
+WORKLOADS = {cls.name: cls for cls in (AgGemm, GemmRs, FlashDecode)}
+DEFAULT_SHAPES = {
+    "ag-gemm": {"M": 8192, "N": 8192, "K": 8192},
+    "gemm-rs": {"M": 8192, "N": 8192, "K": 8192},
+    "flash-decode": {"B": 1, "Hq": 64, "Hkv": 8, "D": 128, "S": 32768},
+}
+Workload = AgGemm | GemmRs | FlashDecode
+
+_SUFFIX = {"": 1, "k": 1024, "m": 1024 * 1024}
+
+
+def parse_int(text: str, field: str) -> int:
+    """An integer with an optional binary suffix: 8192, 8K and 8k all mean 8192; 1M is 1048576."""
+    m = re.fullmatch(r"\s*(-?\d+)\s*([kKmM]?)\s*", str(text))
+    if not m:
+        raise TaxesError(f"shape: {field}={text!r} is not a whole number (e.g. {field}=8192 or {field}=8K)")
+    return int(m.group(1)) * _SUFFIX[m.group(2).lower()]
+
+
+def parse_shape(text: str) -> dict[str, int]:
+    """'M=8192,N=8192,K=8K' -> {'M': 8192, 'N': 8192, 'K': 8192}."""
+    shape: dict[str, int] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        if "=" not in item:
+            raise TaxesError(f"shape: {item!r} is not NAME=VALUE (e.g. M=8192,N=8192,K=8192)")
+        key, value = (s.strip() for s in item.split("=", 1))
+        if not key.isidentifier():
+            raise TaxesError(f"shape: {key!r} is not a dimension name (e.g. M=8192,N=8192,K=8192)")
+        if key in shape:
+            raise TaxesError(f"shape: {key!r} is given twice")
+        shape[key] = parse_int(value, key)
+    return shape
+
+
+def make_workload(name: str, shape: dict[str, int], world: int, dtype: str = "bf16") -> Workload:
+    """Build and validate a workload; every rejection is one TaxesError line naming the field."""
+    if name not in WORKLOADS:
+        raise TaxesError(f"unknown workload {name!r}: choose from {', '.join(WORKLOADS)}")
+    cls = WORKLOADS[name]
+    if dtype not in DTYPE_BYTES:
+        raise TaxesError(f"dtype: unknown dtype {dtype!r}: choose from {', '.join(DTYPE_BYTES)}")
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise TaxesError(f"world: the world size must be a positive whole number, not {world!r}")
+    unknown = sorted(set(shape) - set(cls.dims))
+    if unknown:
+        raise TaxesError(f"shape: {name} has no dimension {unknown[0]!r} (its dimensions: {', '.join(cls.dims)})")
+    full = {**DEFAULT_SHAPES[name], **shape}
+    for dim in cls.dims:
+        value = full[dim]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise TaxesError(f"shape: {dim}={value} must be a positive whole number")
+        if value > 1 << 40:
+            raise TaxesError(f"shape: {dim}={value} is too large")
+    for dim in cls.split_dims:
+        if full[dim] % world:
+            raise TaxesError(f"shape: {dim}={full[dim]} is not divisible by the world size {world} ({dim} is split across ranks)")
+    if name == "flash-decode" and full["Hq"] % full["Hkv"]:
+        raise TaxesError(f"shape: Hq={full['Hq']} is not a multiple of Hkv={full['Hkv']} (GQA shares each KV head among Hq/Hkv query heads)")
+    return cls(**full, world=world, dtype=dtype)
+
+
+def shape_of(workload: Workload) -> dict[str, int]:
+    return {d: getattr(workload, d) for d in workload.dims}
+
+
+def shape_text(workload: Workload) -> str:
+    return ",".join(f"{d}={getattr(workload, d)}" for d in workload.dims)
+
+
+def workload_from_dict(d: dict) -> Workload:
+    """Inverse of workload_dict (used by result documents)."""
+    return make_workload(d["workload"], dict(d["shape"]), d["world"], d.get("dtype", "bf16"))
+
+
+def workload_dict(workload: Workload) -> dict:
+    return {"workload": workload.name, "shape": shape_of(workload), "world": workload.world, "dtype": workload.dtype}
+
+
+def replace_dim(workload: Workload, dim: str, value: int) -> Workload:
+    shape = shape_of(workload)
+    shape[dim] = value
+    return make_workload(workload.name, shape, workload.world, workload.dtype)
+
+
+assert all({f.name for f in fields(c)} >= set(c.dims) for c in WORKLOADS.values())

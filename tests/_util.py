@@ -1,0 +1,113 @@
+"""Helpers shared by the test modules (not fixtures)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import random
+import re
+import struct
+from html.parser import HTMLParser
+
+import numpy as np
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_one_line(message: str) -> None:
+    assert message, "empty error message"
+    assert "\n" not in message and "\r" not in message, f"error message is not one line: {message!r}"
+
+
+def png_header_size(data: bytes) -> tuple[int, int]:
+    """(width, height) read straight from the PNG's IHDR chunk."""
+    assert data[:8] == PNG_SIGNATURE, f"not a PNG: starts with {data[:8]!r}"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def assert_valid_png(data: bytes, min_px: int = 100, max_px: int = 10000) -> np.ndarray:
+    """The bytes are a PNG that matplotlib reads back, of a plausible size, and not a blank canvas."""
+    import matplotlib.image as mpimg
+
+    width, height = png_header_size(data)
+    assert min_px <= width <= max_px and min_px <= height <= max_px, (width, height)
+    img = mpimg.imread(io.BytesIO(data), format="png")
+    assert img.shape[:2] == (height, width)
+    assert img.ndim == 3 and img.shape[2] in (3, 4)
+    colours = np.unique(img.reshape(-1, img.shape[2])[::7], axis=0)
+    assert len(colours) > 10, "the image is (nearly) a single colour"
+    return img
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """Run the CLI in-process through its own main() (which always ends in sys.exit)."""
+    import pytest
+
+    from taxes.cli.main import cli
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        cli.main(list(args))
+    out, err = capsys.readouterr()
+    code = exc.value.code
+    return (0 if code is None else code), out, err
+
+
+def profile_doc(rng: random.Random, n_iter: int = 21):
+    """A synthetic measured document: 2 cases x 2 variants, 2 ranks of samples each, per-rank components."""
+    from taxes import results
+    from taxes.model import COMPONENTS
+    from taxes.workloads import make_workload
+
+    doc = results.new_document({"kind": "profile", "tool_version": "0.1.0", "world_size": 2,
+                                "hardware_profile": "h200-sxm", "gpu_names": ["GPU0", "GPU1"]})
+    for name in ("ag-gemm", "flash-decode"):
+        variants = []
+        for v in ("bsp", "fused-pull"):
+            samples = [[rng.uniform(100, 200) for _ in range(n_iter)] for _ in range(2)]
+            comps = [{"name": c, "rank": r, "value_us": rng.uniform(0, 50), "label": "derived"}
+                     for r in (0, 1) for c in COMPONENTS]
+            comps += [{"name": c, "rank": None, "value_us": rng.uniform(0, 50), "label": "derived"} for c in COMPONENTS]
+            phases = [{"rank": r, "name": f"k{i}", "role": "compute", "start_us": 10.0 * i, "end_us": 10.0 * i + 5,
+                       "label": "measured", "parts": {}} for r in (0, 1) for i in range(3)]
+            variants.append({"variant": v, "config": {}, "samples_us": samples,
+                             "e2e_us": results.summarize_samples(samples),
+                             "correctness": {"checked": True, "passed": True, "rel_error": 1e-3, "tolerance": 1e-2,
+                                             "reference": "fp32"},
+                             "phases": phases, "components": comps})
+        doc["cases"].append(results.case_entry(make_workload(name, {}, 2), variants))
+    return results.validate(doc)
+
+
+class _Tags(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+def assert_self_contained_html(text: str, n_images: int) -> None:
+    """No external resource: every image is an embedded PNG (data: URI) whose bytes are a real PNG."""
+    assert text.lstrip().lower().startswith("<!doctype html>") and text.rstrip().endswith("</html>")
+    parser = _Tags()
+    parser.feed(text)
+    for tag, attrs in parser.tags:
+        for key in ("src", "href", "data"):
+            val = (attrs.get(key) or "").strip().lower()
+            assert not val.startswith(("http:", "https:", "//", "file:")), (tag, key, val[:60])
+    assert "http://" not in text and "https://" not in text
+    assert not any(t == "script" and "src" in a for t, a in parser.tags)
+    assert not any(t == "link" for t, a in parser.tags)  # no external stylesheet
+    imgs = [a for t, a in parser.tags if t == "img"]
+    assert len(imgs) == n_images
+    for a in imgs:
+        m = re.fullmatch(r"data:image/png;base64,([A-Za-z0-9+/=]+)", a["src"])
+        assert m, a["src"][:60]
+        png = base64.b64decode(m.group(1), validate=True)
+        assert png.startswith(PNG_SIGNATURE)
+        assert a.get("alt")
+    assert len(re.findall(r'<img [^>]*src="data:image/png;base64,', text)) == n_images

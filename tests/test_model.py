@@ -1,0 +1,301 @@
+"""The analytical model: closure, non-negativity, the schedule, the floor, and sanity checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from _util import assert_one_line
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from taxes import model
+from taxes.errors import TaxesError
+from taxes.hardware import BUILTIN
+from taxes.model import COMPONENTS, TAXES, ModelOptions, floor_of, predict, predict_all
+from taxes.workloads import BSP_VARIANTS, MODEL_VARIANTS, WORKLOADS, make_workload
+
+PROFILES = list(BUILTIN)
+REL = 1e-9
+
+
+def check_prediction(pred, hw) -> None:
+    """Every invariant a prediction must satisfy, whatever the shape."""
+    w, comp = pred.workload, pred.components
+    assert set(comp) == set(COMPONENTS)
+    for c in COMPONENTS:
+        assert math.isfinite(comp[c]) and comp[c] >= 0.0, (c, comp[c])
+    # closure, exactly
+    assert math.fsum(comp[c] for c in COMPONENTS) == pred.e2e_us
+    assert pred.e2e_us > 0
+    tol = REL * pred.e2e_us
+    # the phases: one per launch, in order, not overlapping, each as long as its parts
+    assert len(pred.phases) == w.kernel_count(pred.variant)
+    prev_end = 0.0
+    gaps = []
+    for i, ph in enumerate(pred.phases):
+        assert ph.role in ("compute", "communication")
+        assert ph.start_us >= prev_end - tol, "phases overlap"
+        assert ph.end_us >= ph.start_us
+        assert all(v >= -1e-12 for v in ph.parts.values())
+        assert set(ph.parts) <= set(COMPONENTS) - {"launch"}
+        assert abs((ph.end_us - ph.start_us) - math.fsum(ph.parts.values())) <= tol
+        # the launch queue (model.schedule's docstring)
+        if pred.variant == "bsp-graph":
+            ready = hw.launch_eager_us if i == 0 else prev_end + hw.launch_graph_us
+        else:
+            ready = (i + 1) * hw.launch_eager_us
+        assert abs(ph.start_us - max(prev_end, ready)) <= tol
+        gaps.append(ph.start_us - prev_end)
+        prev_end = ph.end_us
+    assert abs(pred.phases[-1].end_us - pred.e2e_us) <= tol
+    # the launch tax is the device's idle time: the gaps before and between phases
+    assert abs(comp["launch"] - math.fsum(gaps)) <= tol
+    # the phases' parts, summed per component, are the other components
+    for c in COMPONENTS:
+        if c != "launch":
+            assert abs(math.fsum(ph.parts.get(c, 0.0) for ph in pred.phases) - comp[c]) <= tol
+    # taxes_us groups the components as TAXES says
+    taxes = pred.taxes_us()
+    assert set(taxes) == {"bulk-synchronous", "data-locality", "kernel-launch"}
+    assert taxes["bulk-synchronous"] == comp["sync_wait"] + comp["exposed_transfer"]
+    assert taxes["data-locality"] == comp["locality"] and taxes["kernel-launch"] == comp["launch"]
+    # the floor's ideal never exceeds what any variant takes
+    assert pred.floor.ideal_us <= pred.e2e_us + tol
+    if w.world == 1:  # nobody to wait for
+        assert comp["sync_wait"] == 0.0 and pred.floor.link_us == 0.0
+
+
+@pytest.mark.parametrize("variant", MODEL_VARIANTS)
+@pytest.mark.parametrize("hw_name", PROFILES)
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_every_workload_profile_variant(name, hw_name, variant):
+    hw = BUILTIN[hw_name]
+    for world in (1, 2, 8):
+        w = make_workload(name, {}, world)
+        pred = predict(w, variant, hw)
+        assert pred.variant == variant and pred.hardware == hw_name and pred.workload is w
+        check_prediction(pred, hw)
+
+
+@st.composite
+def workloads(draw):
+    name = draw(st.sampled_from(list(WORKLOADS)))
+    p = draw(st.integers(1, 8))
+    dtype = draw(st.sampled_from(["bf16", "fp16"]))
+    if name == "flash-decode":
+        hkv = draw(st.integers(1, 32))
+        shape = {"B": draw(st.integers(1, 128)), "Hkv": hkv, "Hq": hkv * draw(st.integers(1, 16)),
+                 "D": draw(st.integers(1, 512)), "S": draw(st.integers(1, 1 << 20))}
+    else:
+        shape = {d: p * draw(st.integers(1, 1 << draw(st.integers(0, 15)))) for d in ("M", "N", "K")}
+    return make_workload(name, shape, p, dtype)
+
+
+@given(workloads(), st.sampled_from(PROFILES), st.integers(1, 32), st.integers(0, 100))
+def test_random_shapes_close_and_stay_non_negative(w, hw_name, chunks, producer_pct):
+    hw = BUILTIN[hw_name]
+    opt = ModelOptions(chunks_per_peer=chunks, push_producer_sms=hw.sm_count * producer_pct // 200)
+    for pred in predict_all(w, hw, options=opt):
+        check_prediction(pred, hw)
+
+
+def calibrated_hbm_bytes_per_us(hw):
+    return hw.hbm_gbps * 1e3 * hw.hbm_efficiency
+
+
+@given(workloads(), st.sampled_from(PROFILES))
+def test_locality_tax_is_intermediate_bytes_over_calibrated_bandwidth(w, hw_name):
+    """METHOD.md: locality = intermediate bytes (written + read) / calibrated HBM bandwidth."""
+    hw = BUILTIN[hw_name]
+    splits = w.kv_splits(hw.sm_count) if w.name == "flash-decode" else None
+    for pred in predict_all(w, hw):
+        nbytes = w.intermediate_bytes(pred.variant, splits) if splits else w.intermediate_bytes(pred.variant)
+        expected = nbytes / calibrated_hbm_bytes_per_us(hw)
+        assert pred.components["locality"] == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("variant", MODEL_VARIANTS)
+def test_flash_decode_one_split_locality_matches_intermediate_bytes(variant):
+    hw = BUILTIN["h200-sxm"]
+    w = make_workload("flash-decode", {"B": 64, "Hq": 64, "Hkv": 8, "D": 128, "S": 4096}, 2)
+    assert w.kv_splits(hw.sm_count) == 1
+    expected = w.intermediate_bytes(variant, 1) / calibrated_hbm_bytes_per_us(hw)
+    assert predict(w, variant, hw).components["locality"] == pytest.approx(expected, rel=1e-9)
+
+
+# ---- the floor -------------------------------------------------------------------------------------
+
+
+def test_floor_by_hand_ag_gemm_h200():
+    hw = BUILTIN["h200-sxm"]
+    fl = floor_of(make_workload("ag-gemm", {"M": 8192, "N": 8192, "K": 8192}, 2), hw)
+    # 2 * 8192 * 4096 * 8192 FLOP at 989.4 TFLOP/s
+    assert fl.compute_us == pytest.approx(2 * 8192 * 4096 * 8192 / 989.4e12 * 1e6, rel=1e-12)
+    assert fl.compute_us == pytest.approx(555.7, abs=0.1)
+    # (A shard 4096x8192 + W shard 8192x4096 + C block 8192x4096) x 2 B at 4.8 TB/s
+    assert fl.hbm_us == pytest.approx(3 * 4096 * 8192 * 2 / 4.8e12 * 1e6, rel=1e-12)
+    # the peer's A shard (4096 x 8192 x 2 B) at 450 GB/s, plus one 2 us link latency
+    assert fl.link_us == pytest.approx(4096 * 8192 * 2 / 450e9 * 1e6 + 2.0, rel=1e-12)
+    assert fl.ideal_us == max(fl.compute_us, fl.hbm_us, fl.link_us) == fl.compute_us
+
+
+@pytest.mark.parametrize("world, inbound_gbps", [(2, 64.0), (4, 192.0), (8, 448.0)])
+def test_floor_link_uses_the_narrower_of_peer_links_and_injection(world, inbound_gbps):
+    """MI300X: 64 GB/s to each peer, 448 GB/s in total: receiving from p-1 peers at once."""
+    hw = BUILTIN["mi300x"]
+    w = make_workload("gemm-rs", {"M": 8192, "N": 8192, "K": 8192}, world)
+    nbytes = (world - 1) * (8192 // world) * 8192 * 2
+    assert floor_of(w, hw).link_us == pytest.approx(nbytes / (inbound_gbps * 1e3) + hw.link_latency_us, rel=1e-12)
+
+
+@given(workloads(), st.sampled_from(PROFILES))
+def test_floor_is_max_of_compute_hbm_link(w, hw_name):
+    hw = BUILTIN[hw_name]
+    fl = floor_of(w, hw)
+    assert fl.compute_us == pytest.approx(w.flops() / (hw.matrix_tflops[w.dtype] * 1e12) * 1e6, rel=1e-12)
+    assert fl.hbm_us == pytest.approx(w.hbm_bytes() / (hw.hbm_gbps * 1e9) * 1e6, rel=1e-12)
+    if w.world > 1:
+        bw = min(hw.injection_gbps, (w.world - 1) * hw.peer_link_gbps) * 1e9
+        assert fl.link_us == pytest.approx(w.link_bytes() / bw * 1e6 + hw.link_latency_us, rel=1e-12)
+    else:
+        assert fl.link_us == 0.0
+    assert fl.ideal_us == max(fl.compute_us, fl.hbm_us, fl.link_us)
+    assert fl.work_us == max(fl.compute_us, fl.hbm_us)
+    assert fl.unhideable_link_us == pytest.approx(max(0.0, fl.link_us - fl.work_us), abs=1e-9)
+    pred = predict(w, "bsp", hw)
+    assert pred.floor == fl
+    # the ideal component is the floor: exactly T_ideal for every variant
+    for p in predict_all(w, hw):
+        assert p.components["ideal"] == pytest.approx(fl.ideal_us, rel=1e-9)
+
+
+# ---- sanity and the ablation ladder ----------------------------------------------------------------
+
+
+def test_anchor_ag_gemm_h200_world2_8k():
+    """Measured anchor: bsp ag-gemm, M=N=K=8192 bf16 on 2 x H200 took about 1024 us."""
+    w = make_workload("ag-gemm", {"M": 8192, "N": 8192, "K": 8192}, 2, "bf16")
+    e2e = predict(w, "bsp", BUILTIN["h200-sxm"]).e2e_us
+    assert abs(e2e - 1024.0) <= 0.25 * 1024.0, e2e
+
+
+@pytest.mark.parametrize("hw_name", PROFILES)
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_bsp_e2e_grows_with_m(hw_name, world):
+    hw = BUILTIN[hw_name]
+    e2e = [predict(make_workload("ag-gemm", {"M": m, "N": 4096, "K": 4096}, world), "bsp", hw).e2e_us
+           for m in (1024, 2048, 4096, 8192, 16384, 32768)]
+    assert all(a < b for a, b in zip(e2e, e2e[1:])), e2e
+
+
+@pytest.mark.parametrize("hw_name", PROFILES)
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_more_work_never_takes_less_time(hw_name, name):
+    """Doubling the KV length / K never makes any variant faster."""
+    hw = BUILTIN[hw_name]
+    dim = "S" if name == "flash-decode" else "K"
+    w = make_workload(name, {}, 4)
+    for v in MODEL_VARIANTS:
+        e2e = [predict(model.replace_dim(w, dim, x), v, hw).e2e_us for x in (1024, 4096, 16384, 65536)]
+        assert all(a <= b * (1 + 1e-12) for a, b in zip(e2e, e2e[1:])), (v, e2e)
+
+
+def test_graph_cuts_flash_decode_launch_tax_on_h200():
+    hw = BUILTIN["h200-sxm"]
+    w = make_workload("flash-decode", {}, 2)
+    eager, graph = predict(w, "bsp", hw), predict(w, "bsp-graph", hw)
+    assert graph.components["launch"] < eager.components["launch"]
+    assert graph.e2e_us < eager.e2e_us
+
+
+@given(workloads(), st.sampled_from(PROFILES))
+def test_graph_changes_only_the_launch_tax(w, hw_name):
+    """bsp -> bsp-graph removes launch tax and nothing else: E2E(bsp) - E2E(graph) = launch difference."""
+    hw = BUILTIN[hw_name]
+    eager, graph = predict(w, "bsp", hw), predict(w, "bsp-graph", hw)
+    for c in COMPONENTS:
+        if c != "launch":
+            assert eager.components[c] == graph.components[c], c
+    assert eager.e2e_us - graph.e2e_us == pytest.approx(
+        eager.components["launch"] - graph.components["launch"], abs=1e-9 * eager.e2e_us)
+    # a graph: one launch call, then launch_graph_us before each later kernel
+    n = w.kernel_count("bsp-graph")
+    assert graph.components["launch"] == pytest.approx(hw.launch_eager_us + (n - 1) * hw.launch_graph_us, rel=1e-9)
+    # eager: the first kernel waits for its launch at least
+    assert eager.components["launch"] >= hw.launch_eager_us * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("hw_name", PROFILES)
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_fused_ag_gemm_has_less_locality_than_bsp(hw_name, world):
+    hw = BUILTIN[hw_name]
+    w = make_workload("ag-gemm", {"M": 24 * 1024, "N": 8 * 1024 * 3, "K": 4096}, world)
+    bsp = predict(w, "bsp", hw).components["locality"]
+    for v in ("fused-pull", "fused-push"):
+        assert predict(w, v, hw).components["locality"] < bsp
+
+
+@pytest.mark.parametrize("name", ["ag-gemm", "gemm-rs"])
+def test_bsp_sync_wait_is_one_skew_per_collective(name):
+    hw = BUILTIN["h100-sxm"]
+    for world in (2, 4):
+        pred = predict(make_workload(name, {}, world), "bsp", hw)
+        n_coll = sum(ph.role == "communication" for ph in pred.phases)
+        assert n_coll == 1
+        assert pred.components["sync_wait"] == pytest.approx(n_coll * hw.rank_skew_us)
+
+
+def test_taxes_table_is_a_partition_of_the_tax_components():
+    named = [c for parts in TAXES.values() for c in parts]
+    assert len(named) == len(set(named))
+    assert set(named) | {"ideal", "inefficiency", "unattributed"} == set(COMPONENTS)
+
+
+# ---- errors ----------------------------------------------------------------------------------------
+
+
+def test_predict_rejects_unknown_variant():
+    with pytest.raises(TaxesError) as e:
+        predict(make_workload("ag-gemm", {}, 2), "bsp-eager", BUILTIN["h200-sxm"])
+    assert_one_line(str(e.value))
+    assert "bsp-eager" in str(e.value)
+
+
+def test_predict_rejects_dtype_the_hardware_lacks():
+    import dataclasses
+
+    hw = dataclasses.replace(BUILTIN["h200-sxm"], matrix_tflops={"bf16": 989.4})
+    w = make_workload("gemm-rs", {}, 2, "fp16")
+    with pytest.raises(TaxesError) as e:
+        predict(w, "bsp", hw)
+    assert_one_line(str(e.value))
+    assert "fp16" in str(e.value)
+
+
+@pytest.mark.parametrize("text, dim, values", [
+    ("M=1024:16384", "M", [1024, 2048, 4096, 8192, 16384]),
+    ("K=1K:5K", "K", [1024, 2048, 4096]),
+    ("N=8K:8K", "N", [8192]),
+])
+def test_parse_sweep(text, dim, values):
+    assert model.parse_sweep(text, make_workload("ag-gemm", {}, 2)) == (dim, values)
+
+
+@pytest.mark.parametrize("text", ["M", "M=1024", "M=1024-2048", "Z=1:4", "M=4K:1K", "M=0:8", "M=a:b", "M=1:2:3", "S=1:4"])
+def test_parse_sweep_rejects(text):
+    with pytest.raises(TaxesError) as e:
+        model.parse_sweep(text, make_workload("ag-gemm", {}, 2))
+    assert_one_line(str(e.value))
+    assert str(e.value).startswith("sweep:") or str(e.value).startswith("shape:")
+
+
+def test_sweep_validates_each_value_and_predicts_each():
+    hw = BUILTIN["h100-sxm"]
+    w = make_workload("ag-gemm", {}, 2)
+    out = model.sweep(w, "M", [1024, 2048], hw, variants=("bsp", "fused-pull"))
+    assert [[(p.workload.M, p.variant) for p in ps] for ps in out] == [
+        [(1024, "bsp"), (1024, "fused-pull")], [(2048, "bsp"), (2048, "fused-pull")]]
+    with pytest.raises(TaxesError, match="divisible"):
+        model.sweep(w, "M", [1, 2], hw)
+    assert BSP_VARIANTS == ("bsp", "bsp-graph")
