@@ -1,0 +1,514 @@
+"""All-Gather + GEMM: C = all_gather(A) @ W, run bulk-synchronously and as fused Triton kernels.
+
+Shapes: A is M x K with M/p rows per rank, W is K x N with N/p columns per rank (W_local: K x N/p);
+each rank computes C_local = A @ W_local (M x N/p).
+
+Inputs live in the symmetric heap: `a_full` is an M x K symmetric buffer whose rows of this rank's shard
+hold the rank's A; the other rows are workspace the variants fill.
+
+Variants:
+- bsp: NCCL all_gather_into_tensor into a separate gathered buffer, then torch.matmul;
+- bsp-graph: the same two calls captured in one CUDA graph;
+- fused-push: producer-driven; each rank's A rows are written into every peer's a_full chunk by chunk,
+  with a flag per chunk; the GEMM computes its own rows at once and waits per chunk for the rest.
+  Producer: `copiers` CTAs of the same launch (which then join the GEMM), or the copy engine
+  (`producer="copy-engine"`: cudaMemcpyAsync on a side stream, then a 4-byte flag copy per chunk);
+- fused-pull: consumer-driven; `copiers` CTAs of the GEMM launch read peers' rows into the local a_full
+  chunk by chunk and flag them locally; no communication kernel, no remote flags but one per peer;
+- torch-async-tp: torch.ops.symm_mem.fused_all_gather_matmul, the peer to beat.
+
+Why the fused kernel looks like this. The GEMM is persistent (one CTA per SM) and takes tiles from a
+queue (an atomic counter) in the order the data becomes available: this rank's rows first, then each
+peer's rows in the order the chunks arrive. A CTA about to compute a tile of peer rows waits on the
+chunk flags covering them; with the local rows taking 1/p of the work, the first peer chunks have
+arrived by the time anyone asks. Copier CTAs (the lowest program ids, so they are scheduled first)
+move the data with wide loads and stores, then join the queue, so no SM is lost for the whole kernel.
+Tiles are loaded and stored through TMA descriptors and multiplied with tl.dot (wgmma on Hopper),
+software-pipelined `num_stages` deep over K.
+
+Reuse across calls: an epoch (one per call, same on every rank) stamps every flag. Push writes into a
+peer's buffer only after that peer reported (at the end of its previous call) that it finished
+reading it; pull reads a peer's rows only after the peer announced (at the start of this call) that
+they are ready. So back-to-back calls need no host barrier.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from taxes.kernels.runtime import RankContext, SymBuffer, interpreting
+from taxes.kernels.sync import (
+    ERR_WORDS,
+    peer_ptr,
+    raise_if_timed_out,
+    signal,
+    wait_at_least,
+    wait_budget,
+)
+
+VARIANTS = ("bsp", "bsp-graph", "fused-pull", "fused-push", "torch-async-tp")
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One fused kernel's configuration (tuned per shape; see TUNED and docs/ag_gemm.md)."""
+
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+    copiers: int = 16  # CTAs that move data before joining the GEMM (0: copy engine or world 1)
+    chunk_rows: int = 32  # rows of A per flag: small, so every copier CTA has chunks to move
+    producer: str = "ctas"  # fused-push only: "ctas" or "copy-engine"
+    copiers_join: bool = True  # copier CTAs take GEMM tiles when done copying
+    copy_block: int = 8192  # elements per copier load/store step
+    grid: int = 0  # persistent CTAs; 0: one per SM
+    static: bool = False  # round-robin tiles instead of a queue (copiers then never join)
+    warp_spec: bool = False  # tl.range(warp_specialize=True) on the K loop
+    flatten: bool = False  # static schedule: tl.range(flatten=True), the next tile's loads overlap this epilogue
+    split_epilogue: bool = False  # store the output tile as two halves (half the shared memory)
+
+
+TUNED_FILE = Path(__file__).with_name("ag_gemm_tuned.json")
+
+
+def tuned_config(M: int, N: int, K: int, world: int, variant: str) -> Config:
+    """The configuration for a shape: the tuned table's entry for the same N, K and world with the
+    nearest M (benchmarks/ag_gemm.py --tune writes the table; docs/ag_gemm.md says how it was made),
+    else the default tiling: 128x256x64, 8 warps, 4 pipeline stages when the tiles fit in about one
+    wave (M/p <= 1024) and 3 otherwise (reports/ag_gemm/gemm_tilings_h200.json)."""
+    import json
+
+    if TUNED_FILE.exists():
+        rows = [r for r in json.loads(TUNED_FILE.read_text())["entries"]
+                if r["variant"] == variant and r["N"] == N and r["K"] == K and r["world"] == world]
+        if rows:
+            fields = set(Config.__dataclass_fields__)
+            best = min(rows, key=lambda r: abs(r["M"] - M))
+            return Config(**{k: v for k, v in best["config"].items() if k in fields})
+    return Config(num_stages=4 if M // world <= 1024 else 3)
+
+
+# ---- the kernel -----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _copy_chunk(src, dst, n_elems, pid_in_group, group_size, BLOCK: tl.constexpr):
+    """dst[0:n] = src[0:n]: contiguous rows, wide vector loads and stores, split over a group of CTAs."""
+    offs0 = tl.arange(0, BLOCK).to(tl.int64)
+    for start in range(pid_in_group * BLOCK, n_elems, group_size * BLOCK):
+        offs = start + offs0
+        mask = offs < n_elems
+        tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _tile_coords(t, rank, num_m_shard, num_n, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile t of the queue -> (row block, column block, source shard). Shards in order rank, rank+1, ...;
+    within a shard, row blocks grouped GROUP_M at a time so W tiles are reused from L2."""
+    tiles_per_shard = num_m_shard * num_n
+    shard = (rank + t // tiles_per_shard) % WORLD
+    t_in = t % tiles_per_shard
+    per_group = GROUP_M * num_n
+    first_m = (t_in // per_group) * GROUP_M
+    size_m = tl.minimum(num_m_shard - first_m, GROUP_M)
+    pm = shard * num_m_shard + first_m + (t_in % per_group) % size_m
+    pn = (t_in % per_group) // size_m
+    return pm, pn, shard
+
+
+@triton.jit
+def _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, rank, epoch, K, shard_rows, chunk_rows, n_chunks,
+               num_m_shard, num_n, budget, WORLD: tl.constexpr, FLAG_SCOPE: tl.constexpr, BM: tl.constexpr,
+               BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, WARP_SPEC: tl.constexpr,
+               SPLIT_EPILOGUE: tl.constexpr, INTERPRET: tl.constexpr, DOT_F32: tl.constexpr):
+    """One output tile: wait for the chunks holding its rows of A (peer rows only), then the K loop."""
+    pm, pn, shard = _tile_coords(t, rank, num_m_shard, num_n, WORLD, GROUP_M)
+    if shard != rank:
+        r0 = pm * BM - shard * shard_rows
+        for c in range(r0 // chunk_rows, (r0 + BM - 1) // chunk_rows + 1):
+            wait_at_least(flags_ptr + shard * n_chunks + c, epoch, err_ptr, budget, 1, shard * n_chunks + c,
+                          FLAG_SCOPE, INTERPRET)
+    off_m = pm * BM
+    off_n = pn * BN
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if WARP_SPEC:
+        for k in tl.range(0, K, BK, warp_specialize=True):
+            acc = tl.dot(a_desc.load([off_m, k]), w_desc.load([k, off_n]), acc)
+    else:
+        for k in range(0, K, BK):
+            a = a_desc.load([off_m, k])
+            b = w_desc.load([k, off_n])
+            if DOT_F32:  # Triton 3.6's interpreter multiplies bf16 wrongly; float32 is exact there
+                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+            else:
+                acc = tl.dot(a, b, acc)
+    if SPLIT_EPILOGUE:  # two half-width stores: half the shared memory for the output tile
+        acc = tl.reshape(acc, (BM, 2, BN // 2))
+        acc = tl.permute(acc, (0, 2, 1))
+        left, right = tl.split(acc)
+        c_desc.store([off_m, off_n], left.to(c_desc.dtype))
+        c_desc.store([off_m, off_n + BN // 2], right.to(c_desc.dtype))
+    else:
+        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+@triton.jit(do_not_specialize=["rank", "epoch", "budget"])
+def ag_gemm_fused_kernel(
+    a_desc, w_desc, c_desc,  # TMA: gathered A (M x K), local W (K x N_local), C (M x N_local)
+    a_ptr, bases, flags_ptr, aux_ptr, counters_ptr, err_ptr,
+    rank, epoch, M, N_local, K, chunk_rows, budget,
+    WORLD: tl.constexpr, PUSH: tl.constexpr, COPIERS: tl.constexpr, COPIERS_JOIN: tl.constexpr,
+    EXTERNAL_PRODUCER: tl.constexpr, GRID: tl.constexpr, STATIC: tl.constexpr, WARP_SPEC: tl.constexpr,
+    FLATTEN: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, COPY_BLOCK: tl.constexpr,
+    INTERPRET: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    shard_rows = M // WORLD
+    n_chunks = shard_rows // chunk_rows
+    FLAG_SCOPE: tl.constexpr = "sys" if (PUSH or EXTERNAL_PRODUCER) else "gpu"
+
+    # -- pull: announce that this rank's rows are ready for the peers to read
+    if not PUSH and WORLD > 1 and not EXTERNAL_PRODUCER:
+        if pid == 0:
+            for d in range(1, WORLD):
+                peer = (rank + d) % WORLD
+                signal(peer_ptr(aux_ptr + rank, bases, rank, peer), epoch, "sys")
+
+    # -- copiers: move chunks, flag each one; items ordered by when the GEMM needs them
+    if COPIERS > 0 and WORLD > 1:
+        if pid < COPIERS:
+            n_items = (WORLD - 1) * n_chunks
+            waited = 0
+            for item in range(pid, n_items, COPIERS):
+                d = item // n_chunks + 1
+                c = item % n_chunks
+                peer = (rank + d) % WORLD
+                if PUSH:
+                    # my rows -> peer's a_full, once the peer has finished reading its previous call
+                    if waited < d:
+                        wait_at_least(aux_ptr + peer, epoch - 1, err_ptr, budget, 2, peer, "sys", INTERPRET)
+                        waited = d
+                    row0 = rank * shard_rows + c * chunk_rows
+                    src = a_ptr + row0.to(tl.int64) * K
+                    _copy_chunk(src, peer_ptr(src, bases, rank, peer), chunk_rows.to(tl.int64) * K, 0, 1, COPY_BLOCK)
+                    signal(peer_ptr(flags_ptr + rank * n_chunks + c, bases, rank, peer), epoch, "sys")
+                else:
+                    # peer's rows -> my a_full, once the peer said they are ready
+                    if waited < d:
+                        wait_at_least(aux_ptr + peer, epoch, err_ptr, budget, 2, peer, "sys", INTERPRET)
+                        waited = d
+                    row0 = peer * shard_rows + c * chunk_rows
+                    dst = a_ptr + row0.to(tl.int64) * K
+                    _copy_chunk(peer_ptr(dst, bases, rank, peer), dst, chunk_rows.to(tl.int64) * K, 0, 1, COPY_BLOCK)
+                    signal(flags_ptr + peer * n_chunks + c, epoch, "gpu")
+
+    # -- the GEMM: a persistent loop over tiles, this rank's rows first
+    num_m_shard = shard_rows // BM
+    num_n = tl.cdiv(N_local, BN)
+    num_tiles = WORLD * num_m_shard * num_n
+    first_gemm_pid = 0 if COPIERS_JOIN else COPIERS
+    if pid >= first_gemm_pid:
+        if STATIC:  # fixed round-robin: tile t goes to program first_gemm_pid + t % (GRID - first_gemm_pid)
+            for t in tl.range(pid - first_gemm_pid, num_tiles, GRID - first_gemm_pid, flatten=FLATTEN):
+                _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, rank, epoch, K, shard_rows, chunk_rows,
+                           n_chunks, num_m_shard, num_n, budget, WORLD, FLAG_SCOPE, BM, BN, BK, GROUP_M, WARP_SPEC,
+                           SPLIT_EPILOGUE, INTERPRET, DOT_F32)
+        else:  # a queue: an atomic counter whose epoch-relative value is the next tile
+            base = (epoch - 1) * (num_tiles + GRID - first_gemm_pid)
+            t = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu") - base
+            while t < num_tiles:
+                _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, rank, epoch, K, shard_rows, chunk_rows,
+                           n_chunks, num_m_shard, num_n, budget, WORLD, FLAG_SCOPE, BM, BN, BK, GROUP_M, WARP_SPEC,
+                           SPLIT_EPILOGUE, INTERPRET, DOT_F32)
+                t = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu") - base
+
+    # -- push: the last CTA to finish tells every peer this rank is done reading its a_full
+    if PUSH and WORLD > 1:
+        done = tl.atomic_add(counters_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if done == epoch * GRID - 1:
+            for d in range(1, WORLD):
+                peer = (rank + d) % WORLD
+                signal(peer_ptr(aux_ptr + rank, bases, rank, peer), epoch, "sys")
+
+
+# ---- the host side --------------------------------------------------------------------------------
+
+
+def _descriptor(t: torch.Tensor, block: list[int]):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, block)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # interpreter: a few programs exercise the same scheduling logic
+
+
+# Triton specialises integer arguments equal to 1 or divisible by 16: an epoch or rank passed plainly
+# would compile (and load) a new kernel mid-run, and loading a module while a spinning kernel holds the
+# GPU deadlocks against the peer. Per-call values are therefore never specialised.
+@triton.jit(do_not_specialize=["rank", "target", "budget"])
+def wait_peers_kernel(aux_ptr, rank, target, err_ptr, budget, WORLD: tl.constexpr, INTERPRET: tl.constexpr):
+    """Wait until every peer reported aux >= target (the copy-engine producer's guard against writing
+    into a buffer a peer is still reading)."""
+    for d in range(1, WORLD):
+        peer = (rank + d) % WORLD
+        wait_at_least(aux_ptr + peer, target, err_ptr, budget, 2, peer, "sys", INTERPRET)
+
+
+class AgGemmFused:
+    """A fused all-gather + GEMM for one shape on one rank: owns its flags, counters and epoch.
+
+    All ranks build it with the same arguments and call it the same number of times, with an a_full
+    whose rows of this rank's shard are valid; it fills the other rows and writes out = a_full @ w."""
+
+    def __init__(self, ctx: RankContext, M: int, N_local: int, K: int, push: bool, config: Config = Config(),
+                 wait_s: float = 5.0):
+        p = ctx.world
+        self.interp = interpreting()
+        if M % p:
+            raise ValueError(f"M={M} is not divisible by the world size {p}")
+        shard = M // p
+        cfg = config
+        if p == 1 or (push and cfg.producer == "copy-engine"):
+            cfg = replace(cfg, copiers=0)
+        if cfg.static and cfg.copiers:
+            cfg = replace(cfg, copiers_join=False)
+        if self.interp and cfg.warp_spec:
+            cfg = replace(cfg, warp_spec=False)
+        if self.interp and cfg.copiers > 1 and cfg.copiers_join:
+            # Programs of one launch run one after another under the interpreter: a copier that joined
+            # the GEMM could wait on a peer's copier that waits on a later copier of ours.
+            cfg = replace(cfg, copiers_join=False)
+        if shard % cfg.block_m:
+            raise ValueError(f"M/p={shard} is not a multiple of block_m={cfg.block_m}")
+        chunk = min(cfg.chunk_rows, shard)
+        if shard % chunk:
+            raise ValueError(f"M/p={shard} is not a multiple of chunk_rows={chunk}")
+        self.grid = cfg.grid or _num_sms(ctx.device)
+        if cfg.copiers >= self.grid:
+            raise ValueError(f"copiers={cfg.copiers} leaves none of {self.grid} CTAs for the GEMM")
+        self.ctx, self.M, self.N_local, self.K = ctx, M, N_local, K
+        self.push, self.cfg, self.chunk_rows, self.n_chunks = push, cfg, chunk, shard // chunk
+        self.external = push and cfg.producer == "copy-engine" and p > 1
+        heap = ctx.heap
+        self.flags = heap.zeros((p * self.n_chunks,), torch.int32)
+        self.aux = heap.zeros((p,), torch.int32)
+        self.counters = torch.zeros(2, dtype=torch.int32, device=ctx.device)
+        self.err = torch.zeros(ERR_WORDS, dtype=torch.int32, device=ctx.device)
+        self.budget = wait_budget(wait_s, self.interp)
+        self.epoch = 0
+        if self.external:
+            # Flag values come from a table of epochs, so a flag copy needs no kernel to produce its value.
+            self._table_base = 0
+            self._table = torch.arange(0, 1 << 16, dtype=torch.int32, device=ctx.device)
+            self._side = torch.cuda.Stream(ctx.device) if ctx.device.type == "cuda" else None
+            # Load the guard kernel now: loading a module while a spinning GEMM holds the GPU waits for
+            # that GEMM, which waits for the peer's copies, which wait for the peer's guard (deadlock).
+            wait_peers_kernel[(1,)](self.aux.local, ctx.rank, 0, self.err, self.budget, WORLD=p,
+                                    INTERPRET=self.interp, num_warps=1)
+        ctx.barrier()  # every rank's flags are zero before anyone signals
+
+    def __call__(self, a_full: SymBuffer, w_local: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        cfg, ctx = self.cfg, self.ctx
+        self.epoch += 1
+        if self.epoch >= 1 << 30:
+            raise RuntimeError("epoch counter exhausted; build a new AgGemmFused")
+        self.err.zero_()
+        a = a_full.local
+        a_desc = _descriptor(a, [cfg.block_m, cfg.block_k])
+        w_desc = _descriptor(w_local, [cfg.block_k, cfg.block_n])
+        c_desc = _descriptor(out, [cfg.block_m, cfg.block_n // (2 if cfg.split_epilogue else 1)])
+        on_gpu = ctx.device.type == "cuda"
+        if self.external:
+            inputs_ready = torch.cuda.Event() if on_gpu else None
+            if on_gpu:
+                inputs_ready.record()
+            else:  # no streams on the CPU: the producer's work simply comes first
+                self._copy_engine_push(a_full)
+        ag_gemm_fused_kernel[(self.grid,)](
+            a_desc, w_desc, c_desc, a, ctx.heap.bases, self.flags.local, self.aux.local, self.counters, self.err,
+            ctx.rank, self.epoch, self.M, self.N_local, self.K, self.chunk_rows, self.budget,
+            WORLD=ctx.world, PUSH=self.push, COPIERS=cfg.copiers, COPIERS_JOIN=cfg.copiers_join,
+            EXTERNAL_PRODUCER=self.external, GRID=self.grid, STATIC=cfg.static, WARP_SPEC=cfg.warp_spec,
+            FLATTEN=cfg.flatten, SPLIT_EPILOGUE=cfg.split_epilogue,
+            BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, COPY_BLOCK=cfg.copy_block,
+            INTERPRET=self.interp, DOT_F32=self.interp,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        if self.external and on_gpu:
+            main = torch.cuda.current_stream(ctx.device)
+            self._side.wait_event(inputs_ready)  # not the GEMM: the copies overlap it
+            with torch.cuda.stream(self._side):
+                self._copy_engine_push(a_full)
+            main.wait_stream(self._side)
+        return out
+
+    def _copy_engine_push(self, a_full: SymBuffer) -> None:
+        """Per peer: wait until it finished reading its previous call's rows; then per chunk a peer copy
+        and, behind it on the same stream, a 4-byte copy of the epoch into the peer's flag (a copy starts
+        only when the copy before it has completed)."""
+        ctx, p, e = self.ctx, self.ctx.world, self.epoch
+        if e - self._table_base >= self._table.numel():
+            self._table_base = e
+            self._table = torch.arange(e, e + (1 << 16), dtype=torch.int32, device=ctx.device)
+        value = self._table[e - self._table_base:][:1]
+        wait_peers_kernel[(1,)](self.aux.local, ctx.rank, e - 1, self.err, self.budget, WORLD=p, INTERPRET=self.interp,
+                                num_warps=1)
+        shard = self.M // p
+        for d in range(1, p):
+            peer = (ctx.rank + d) % p
+            for c in range(self.n_chunks):
+                r0 = ctx.rank * shard + c * self.chunk_rows
+                a_full.peers[peer][r0:r0 + self.chunk_rows].copy_(a_full.local[r0:r0 + self.chunk_rows], non_blocking=True)
+                idx = ctx.rank * self.n_chunks + c
+                self.flags.peers[peer][idx:idx + 1].copy_(value, non_blocking=True)
+
+    def check(self, what: str = "fused all-gather + GEMM") -> None:
+        """Raise FlagTimeout if any wait of the last call gave up (synchronises)."""
+        raise_if_timed_out(self.err, self.ctx.rank, what, self._describe)
+
+    def _describe(self, kind: int, index: int) -> str:
+        if kind == 1:
+            return f"chunk {index % self.n_chunks} of rank {index // self.n_chunks}'s rows"
+        return f"rank {index}"
+
+
+# ---- bsp, bsp-graph and the reference ---------------------------------------------------------------
+
+
+def all_gather_rows(ctx: RankContext, out: torch.Tensor, shard: torch.Tensor, a_full: SymBuffer | None = None) -> None:
+    """out = concatenation of every rank's shard. NCCL on GPUs; emulated ranks copy the peers' rows out
+    of the symmetric heap between two barriers (a stand-in with the same result, no timing meaning)."""
+    if ctx.backend == "cuda":
+        import torch.distributed as dist
+
+        dist.all_gather_into_tensor(out, shard)
+        return
+    rows = shard.shape[0]
+    ctx.barrier()
+    for r in range(ctx.world):
+        out[r * rows:(r + 1) * rows].copy_(a_full.peers[r][r * rows:(r + 1) * rows])
+    ctx.barrier()
+
+
+class AgGemmBsp:
+    """bsp (and bsp-graph): NCCL all-gather into a gathered buffer, then torch.matmul."""
+
+    def __init__(self, ctx: RankContext, M: int, N_local: int, K: int, dtype: torch.dtype, graph: bool = False):
+        self.ctx, self.M, self.graph = ctx, M, graph and ctx.device.type == "cuda"
+        self.gathered = torch.empty(M, K, dtype=dtype, device=ctx.device)
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+
+    def _eager(self, a_full: SymBuffer, w_local, out):
+        rows = self.M // self.ctx.world
+        r = self.ctx.rank
+        all_gather_rows(self.ctx, self.gathered, a_full.local[r * rows:(r + 1) * rows], a_full)
+        torch.matmul(self.gathered, w_local, out=out)
+        return out
+
+    def __call__(self, a_full: SymBuffer, w_local, out):
+        if not self.graph:
+            return self._eager(a_full, w_local, out)
+        key = (a_full.local.data_ptr(), w_local.data_ptr(), out.data_ptr())
+        g = self._graphs.get(key)
+        if g is None:  # one graph per input set (a graph replays fixed addresses)
+            self._eager(a_full, w_local, out)  # warm-up outside capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self._eager(a_full, w_local, out)
+            self._graphs[key] = g
+        g.replay()
+        return out
+
+
+class AgGemmTorchAsyncTP:
+    """torch.ops.symm_mem.fused_all_gather_matmul (PyTorch's async tensor parallelism)."""
+
+    def __init__(self, ctx: RankContext, M: int, N_local: int, K: int, dtype: torch.dtype):
+        if ctx.backend != "cuda":
+            raise NotImplementedError("torch-async-tp needs CUDA symmetric memory (no CPU emulation)")
+        import torch.distributed as dist
+
+        self.ctx, self.M, self.group_name = ctx, M, dist.group.WORLD.group_name
+
+    def __call__(self, a_full: SymBuffer, w_local, out):
+        rows = self.M // self.ctx.world
+        r = self.ctx.rank
+        _, (mm,) = torch.ops.symm_mem.fused_all_gather_matmul(a_full.local[r * rows:(r + 1) * rows], [w_local], gather_dim=0,
+                                                             group_name=self.group_name)
+        return mm
+
+
+def make_variant(ctx: RankContext, variant: str, M: int, N_local: int, K: int, dtype: torch.dtype,
+                 config: Config | None = None, wait_s: float = 5.0):
+    """A callable run(a_full, w_local, out) -> C_local for one variant."""
+    if variant in ("bsp", "bsp-graph"):
+        return AgGemmBsp(ctx, M, N_local, K, dtype, graph=variant == "bsp-graph")
+    if variant in ("fused-pull", "fused-push"):
+        return AgGemmFused(ctx, M, N_local, K, push=variant == "fused-push", config=config or Config(), wait_s=wait_s)
+    if variant == "torch-async-tp":
+        return AgGemmTorchAsyncTP(ctx, M, N_local, K, dtype)
+    raise ValueError(f"unknown ag-gemm variant {variant!r}: choose from {', '.join(VARIANTS)}")
+
+
+def reference(a_full_rows: list[torch.Tensor], w_local: torch.Tensor) -> torch.Tensor:
+    """float32 all-gather + matmul."""
+    return torch.cat([a.float() for a in a_full_rows]) @ w_local.float()
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref||; NaN (unwritten, poisoned output) gives inf."""
+    diff = (out.float() - ref).norm().item()
+    if not math.isfinite(diff):
+        return math.inf
+    return diff / max(ref.norm().item(), 1e-30)
+
+
+class PersistentGemm:
+    """The fused kernel's GEMM alone (world 1, no flags, no copies): out = a @ w. Used to report the
+    GEMM's own efficiency against torch.matmul at the same shape."""
+
+    def __init__(self, device: torch.device, config: Config = Config()):
+        self.cfg = replace(config, copiers=0, warp_spec=config.warp_spec and not interpreting())
+        self.device = device
+        self.grid = self.cfg.grid or _num_sms(device)
+        self.counters = torch.zeros(2, dtype=torch.int32, device=device)
+        self.err = torch.zeros(ERR_WORDS, dtype=torch.int32, device=device)
+        self.dummy = torch.zeros(4, dtype=torch.int32, device=device)
+        self.bases = torch.zeros(1, dtype=torch.int64, device=device)
+        self.epoch = 0
+
+    def __call__(self, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        M, K = a.shape
+        if M % cfg.block_m:
+            raise ValueError(f"M={M} is not a multiple of block_m={cfg.block_m}")
+        self.epoch += 1
+        interp = interpreting()
+        ag_gemm_fused_kernel[(self.grid,)](
+            _descriptor(a, [cfg.block_m, cfg.block_k]), _descriptor(w, [cfg.block_k, cfg.block_n]),
+            _descriptor(out, [cfg.block_m, cfg.block_n // (2 if cfg.split_epilogue else 1)]),
+            a, self.bases, self.dummy, self.dummy, self.counters, self.err,
+            0, self.epoch, M, w.shape[1], K, M, 1,
+            WORLD=1, PUSH=False, COPIERS=0, COPIERS_JOIN=True, EXTERNAL_PRODUCER=False, GRID=self.grid,
+            STATIC=cfg.static, WARP_SPEC=cfg.warp_spec, FLATTEN=cfg.flatten, SPLIT_EPILOGUE=cfg.split_epilogue,
+            BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
+            GROUP_M=cfg.group_m, COPY_BLOCK=cfg.copy_block, INTERPRET=interp, DOT_F32=interp,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return out

@@ -1,0 +1,98 @@
+"""Device helpers for fused kernels: reaching a peer's memory, signalling, and bounded waiting.
+
+Flag protocol (../shared/PLATFORM.md): flags are int32 epochs that only grow, tested with >=, so a fast
+rank publishing epoch e+1 never hides epoch e from a slow one. Every flag has a single writer. A signal
+is a CTA barrier (all threads' stores issued) then an atomic exchange with release semantics; a wait
+is an acquire poll then a CTA barrier (no thread's later load moves above it). Flags written by
+another GPU use scope "sys"; flags between CTAs of one launch use "gpu".
+
+Every wait is bounded: it gives up after a budget (nanoseconds of %globaltimer on a GPU; polls under
+Triton's interpreter, which has no clock), records in the kernel's error buffer which flag it was
+waiting for, and makes every later wait of the launch give up at once, so the kernel ends and the host
+raises (`raise_if_timed_out`) instead of hanging.
+
+Error buffer (int32[8], zeroed per call): [0] 1 if a wait gave up, [1] flag kind, [2] flag index,
+[3] value waited for, [4] value seen, [5] program id.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+ERR_WORDS = 8
+FLAG_KINDS = {1: "data chunk", 2: "peer ready/free"}
+
+
+@triton.jit
+def peer_ptr(ptr, bases, me, peer):
+    """The address of the same symmetric-heap offset in `peer`'s arena."""
+    delta = tl.load(bases + peer) - tl.load(bases + me)
+    return (ptr.to(tl.int64) + delta).to(ptr.dtype)
+
+
+@triton.jit
+def globaltimer_ns(INTERPRET: tl.constexpr):
+    if INTERPRET:
+        t = tl.full((), 0, tl.int64)
+    else:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    return t
+
+
+@triton.jit
+def signal(flag_ptr, value, SCOPE: tl.constexpr):
+    """Publish `value` after every store this CTA made before it."""
+    tl.debug_barrier()
+    tl.atomic_xchg(flag_ptr, value, sem="release", scope=SCOPE)
+
+
+@triton.jit
+def wait_at_least(flag_ptr, target, err_ptr, budget, kind, index, SCOPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """Spin until *flag_ptr >= target (acquire); bounded by `budget` (ns, or polls when interpreting)."""
+    seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
+    if seen < target:
+        start = globaltimer_ns(INTERPRET)
+        polls = 0
+        gave_up = tl.load(err_ptr, volatile=True)
+        while (seen < target) & (gave_up == 0):
+            seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
+            polls += 1
+            if INTERPRET:
+                spent = polls.to(tl.int64)
+            else:
+                spent = globaltimer_ns(INTERPRET) - start
+            if spent > budget:
+                if seen < target:
+                    if tl.atomic_cas(err_ptr, 0, 1) == 0:  # the first wait to give up records itself
+                        tl.store(err_ptr + 1, kind)
+                        tl.store(err_ptr + 2, index)
+                        tl.store(err_ptr + 3, target)
+                        tl.store(err_ptr + 4, seen)
+                        tl.store(err_ptr + 5, tl.program_id(0))
+                    gave_up = 1
+            else:
+                if polls % 64 == 0:
+                    gave_up = tl.load(err_ptr, volatile=True)
+    tl.debug_barrier()
+
+
+def wait_budget(seconds: float, interpreting: bool) -> int:
+    """The kernel's `budget` argument for a wait of about `seconds`."""
+    # An interpreted poll takes about 0.3 ms on our CPU machines (measured); the budget is approximate there.
+    return max(1, int(seconds / 3e-4)) if interpreting else int(seconds * 1e9)
+
+
+class FlagTimeout(RuntimeError):
+    """A fused kernel gave up waiting for a flag; the message names rank, flag and values."""
+
+
+def raise_if_timed_out(err: torch.Tensor, rank: int, what: str, describe=None) -> None:
+    """Check a kernel's error buffer (synchronises with the device)."""
+    e = err.tolist()
+    if e[0]:
+        kind = FLAG_KINDS.get(e[1], f"kind {e[1]}")
+        where = describe(e[1], e[2]) if describe else f"index {e[2]}"
+        raise FlagTimeout(f"rank {rank}: {what} gave up waiting for the {kind} flag ({where}) to reach {e[3]}; "
+                          f"it still read {e[4]} (program {e[5]}); a peer never sent it or died")

@@ -1,0 +1,160 @@
+"""All-Gather + GEMM kernels under Triton's interpreter with emulated ranks (and on GPUs when present).
+
+Every variant is checked against a float32 all-gather + matmul on fresh random inputs, outputs poisoned
+with NaN first, twice in a row (the second call exercises the epoch protocol: flags from the first call
+must not satisfy the second)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
+
+import pytest
+import torch
+
+from taxes.kernels import ag_gemm as ag
+from taxes.kernels.runtime import RankError, interpreting, launch
+
+pytestmark = pytest.mark.skipif(not interpreting(), reason="triton was imported before TRITON_INTERPRET was set")
+
+SMALL = ag.Config(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2, copiers=2,
+                  chunk_rows=8, copy_block=256, grid=4)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _job(ctx, variant, cfg, M, N, K, dtype_name, seed, calls=2, wait_s=30.0):
+    dtype = DTYPES[dtype_name]
+    p, r = ctx.world, ctx.rank
+    g = torch.Generator().manual_seed(seed * 100 + r)
+    rows = M // p
+    a_full = ctx.heap.alloc((M, K), dtype)
+    a_full.local.fill_(float("nan"))  # rows other ranks own are workspace until a variant fills them
+    a_full.local[r * rows:(r + 1) * rows] = torch.randn(rows, K, generator=g).to(dtype)
+    w = torch.randn(K, N // p, generator=g).to(dtype)
+    out = torch.empty(M, N // p, dtype=dtype)
+    run = ag.make_variant(ctx, variant, M, N // p, K, dtype, cfg, wait_s=wait_s)
+    ctx.barrier()
+    errors = []
+    for _ in range(calls):
+        out.fill_(float("nan"))
+        res = run(a_full, w, out)
+        if hasattr(run, "check"):
+            run.check()
+        ctx.barrier()
+        ref = ag.reference([a_full.peers[j][j * rows:(j + 1) * rows] for j in range(p)], w)
+        errors.append(ag.rel_error(res, ref))
+        ctx.barrier()
+    return errors
+
+
+CASES = [
+    ("bsp", SMALL),
+    ("bsp-graph", SMALL),
+    ("fused-pull", SMALL),
+    ("fused-push", SMALL),
+    ("fused-push", ag.replace(SMALL, producer="copy-engine")),
+    ("fused-push", ag.replace(SMALL, static=True)),  # round-robin tiles, copiers do not join
+    ("fused-pull", ag.replace(SMALL, copiers=1, split_epilogue=True, block_n=32)),  # one copier joins the GEMM
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("variant,cfg", CASES, ids=[f"{v}-{c.producer}-{'static' if c.static else 'queue'}-c{c.copiers}"
+                                                    for v, c in CASES])
+def test_variant_matches_float32_reference(variant, cfg, world):
+    dtype = "bf16" if world == 1 else "fp16"
+    M, N, K = 64, 48, 32  # N/p = 24: not a multiple of the 16-wide tile, so edges are exercised
+    errors = launch(_job, world, variant, cfg, M, N, K, dtype, world, timeout_s=300)
+    for rank_errors in errors:
+        assert len(rank_errors) == 2
+        assert all(e < 1e-2 for e in rank_errors), rank_errors
+
+
+@pytest.mark.slow
+def test_both_dtypes_and_uneven_chunks_at_world_2():
+    # chunk_rows 16 over a 32-row shard: two chunks; tiles of 16 rows each wait on one chunk
+    cfg = ag.replace(SMALL, chunk_rows=16)
+    for dtype in ("bf16", "fp16"):
+        errors = launch(_job, 2, "fused-push", cfg, 64, 64, 48, dtype, 7, timeout_s=300)
+        assert all(e < 1e-2 for rank_errors in errors for e in rank_errors)
+
+
+def _silent_peer(ctx, variant, producer):
+    M, N, K = 64, 64, 32
+    a_full = ctx.heap.alloc((M, K), torch.bfloat16)
+    a_full.local.normal_()
+    w = torch.randn(K, N // 2).to(torch.bfloat16)
+    out = torch.empty(M, N // 2, dtype=torch.bfloat16)
+    run = ag.make_variant(ctx, variant, M, N // 2, K, torch.bfloat16, ag.replace(SMALL, copiers=1, producer=producer),
+                          wait_s=0.5)
+    if ctx.rank == 1:
+        return None  # never launches: its flags never arrive
+    run(a_full, w, out)
+    try:
+        run.check()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant,producer", [("fused-push", "ctas"), ("fused-pull", "ctas"), ("fused-push", "copy-engine")])
+def test_a_flag_that_never_arrives_is_a_clear_error(variant, producer):
+    import time
+
+    t0 = time.monotonic()
+    msg, _ = launch(_silent_peer, 2, variant, producer, timeout_s=120)
+    assert time.monotonic() - t0 < 60  # bounded: a 0.5 s budget, not a hang
+    assert msg.startswith("FlagTimeout: rank 0:"), msg
+    assert "gave up waiting" in msg and "rank 1" in msg and "\n" not in msg
+
+
+def _raises(ctx):
+    if ctx.rank == 1:
+        raise ValueError("planted failure")
+    ctx.barrier(timeout_s=20)
+
+
+def _dies(ctx):
+    if ctx.rank == 0:
+        os._exit(3)
+    ctx.barrier(timeout_s=20)
+
+
+def test_a_failing_or_dying_rank_ends_the_run_with_one_line():
+    with pytest.raises(RankError, match=r"^rank 1 failed while .*planted failure$"):
+        launch(_raises, 2, timeout_s=60)
+    with pytest.raises(RankError, match=r"rank 0 died \(exit code 3\)"):
+        launch(_dies, 2, timeout_s=60)
+
+
+def test_shapes_the_fused_kernel_cannot_tile_are_refused():
+    class Ctx:  # only what the constructor reads before allocating
+        world, rank, device = 2, 0, torch.device("cpu")
+
+    with pytest.raises(ValueError, match="not divisible by the world size"):
+        ag.AgGemmFused(Ctx(), 63, 16, 16, push=True, config=SMALL)
+    with pytest.raises(ValueError, match="not a multiple of block_m"):
+        ag.AgGemmFused(Ctx(), 40, 16, 16, push=True, config=SMALL)
+
+
+@pytest.mark.slow
+def test_persistent_gemm_alone():
+    gemm = ag.PersistentGemm(torch.device("cpu"), ag.replace(SMALL, grid=3))
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(48, 32, generator=g).to(torch.bfloat16)
+    w = torch.randn(32, 40, generator=g).to(torch.bfloat16)
+    for _ in range(2):
+        out = gemm(a, w, torch.full((48, 40), float("nan"), dtype=torch.bfloat16))
+        assert ag.rel_error(out, a.float() @ w.float()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(interpreting() or not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="needs 2 CUDA GPUs and TRITON_INTERPRET unset")
+def test_every_variant_on_two_gpus():
+    for variant in ag.VARIANTS:
+        errors = launch(_job, 2, variant, ag.Config(), 1024, 1024, 1024, "bf16", 11, backend="cuda", timeout_s=300)
+        assert all(e < 1e-2 for rank_errors in errors for e in rank_errors), (variant, errors)
