@@ -85,42 +85,13 @@ def _check(ctx, run, a_full, w, out, ref) -> float:
 
 
 def _measure(ctx, variant, M, N_local, K, dtype, cfg, sets, ref, iters, args) -> dict:
-    """Check and time one configuration. After each phase the ranks agree whether any of them failed,
-    so no rank ever enters a collective the others skipped."""
-    from taxes.harness import time_iterations
+    """Check and time one configuration (taxes.harness.check_and_time: the ranks agree on failures)."""
+    from taxes.harness import check_and_time
 
-    res = {"cfg": cfg, "samples": [], "rel_error": None, "median": float("inf"), "error": None}
-    run = None
-
-    def phase(step):
-        nonlocal run
-        failed = 0.0
-        if res["error"] is None:
-            try:
-                step()
-            except Exception as e:
-                res["error"] = f"rank {ctx.rank}: {type(e).__name__}: {e}".splitlines()[0][:300]
-                failed = 1.0
-                if ctx.device.type == "cuda":
-                    torch.cuda.synchronize()
-        if ctx.all_max([failed])[0] and res["error"] is None:
-            res["error"] = "failed on another rank"
-
-    def build_and_check():
-        nonlocal run
-        run = ag.make_variant(ctx, variant, M, N_local, K, dtype, cfg, wait_s=args.wait_s)
-        res["rel_error"] = max(_check(ctx, run, *sets[0], ref), 0.0)
-
-    def timing():
-        samples = time_iterations(ctx, run, sets, iters=iters, warmup=args.warmup)
-        if hasattr(run, "check"):
-            run.check()
-        res.update(samples=samples, median=sorted(samples)[len(samples) // 2])
-
-    phase(build_and_check)
-    phase(timing)
-    if res["error"] is None:
-        res["rel_error"], res["median"] = ctx.all_max([res["rel_error"], res["median"]])
+    res = check_and_time(ctx, lambda: ag.make_variant(ctx, variant, M, N_local, K, dtype, cfg, wait_s=args.wait_s),
+                         lambda run: _check(ctx, run, *sets[0], ref), sets, iters, args.warmup)
+    res["cfg"] = cfg
+    res.pop("run", None)
     if ctx.rank == 0:  # progress, and a record that survives a later hang
         line = {"variant": variant, "M": M, "N_local": N_local, "K": K, "median_us": res["median"],
                 "rel_error": res["rel_error"], "error": res["error"], "config": asdict(cfg) if cfg else {}}

@@ -64,3 +64,43 @@ def gpu_metadata() -> dict:
     except Exception:
         pass
     return meta
+
+
+def check_and_time(ctx, build, check, input_sets: list, iters: int, warmup: int) -> dict:
+    """Build a variant, check it once, time it; every rank ends with the same verdict.
+
+    build() -> run; check(run) -> relative error of one run on poisoned output; then `iters` timed
+    iterations over input_sets. After each phase the ranks agree (all_max) whether any failed, so no
+    rank enters a collective the others skipped. Returns samples (this rank), rel_error and median
+    (maxima over ranks), error (None, or one line)."""
+    res = {"samples": [], "rel_error": None, "median": float("inf"), "error": None, "run": None}
+
+    def phase(step):
+        failed = 0.0
+        if res["error"] is None:
+            try:
+                step()
+            except Exception as e:
+                res["error"] = f"rank {ctx.rank}: {type(e).__name__}: {e}".splitlines()[0][:300]
+                failed = 1.0
+                if ctx.device.type == "cuda":
+                    torch.cuda.synchronize()
+        if ctx.all_max([failed])[0] and res["error"] is None:
+            res["error"] = "failed on another rank"
+
+    def build_and_check():
+        res["run"] = build()
+        res["rel_error"] = max(check(res["run"]), 0.0)
+
+    def timing():
+        run = res["run"]
+        samples = time_iterations(ctx, run, input_sets, iters=iters, warmup=warmup)
+        if hasattr(run, "check"):
+            run.check()
+        res.update(samples=samples, median=sorted(samples)[len(samples) // 2])
+
+    phase(build_and_check)
+    phase(timing)
+    if res["error"] is None:
+        res["rel_error"], res["median"] = ctx.all_max([res["rel_error"], res["median"]])
+    return res

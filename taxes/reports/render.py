@@ -36,13 +36,14 @@ def case_rows(case: dict) -> tuple[list[str], list[list[str]]]:
         return f"{_fmt(e['median'])}{spread} {LABEL_MARK[e['label']]}"
 
     rows.append(["E2E"] + [e2e_cell(v) for v in variants])
-    for comp in COMPONENTS:
+    has_components = any(overall_components(v) for v in variants)
+    for comp in COMPONENTS if has_components else ():
         cells = []
         for v in variants:
             val = overall_components(v).get(comp)
             cells.append("-" if val is None else f"{_fmt(val)} {LABEL_MARK[_labels(v)[comp]]}")
         rows.append([COMPONENT_TITLES[comp]] + cells)
-    for tax, parts in TAXES.items():
+    for tax, parts in TAXES.items() if has_components else ():
         cells = []
         for v in variants:
             oc = overall_components(v)
