@@ -21,14 +21,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing: kernels/ serves as taxes.kernels
-import taxes  # noqa: E402
-
-try:
-    import taxes.kernels  # noqa: F401
-except ModuleNotFoundError:
-    taxes.__path__.append(str(ROOT))
+import _checkout  # noqa: E402,F401  (this checkout as `taxes`, installed or not)
 
 import torch  # noqa: E402
 

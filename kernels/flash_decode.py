@@ -37,7 +37,9 @@ from taxes.kernels.sync import (
     globaltimer_ns,
     peer_ptr,
     raise_if_timed_out,
+    record_timeout,
     signal,
+    spent_since,
     wait_at_least,
     wait_budget,
 )
@@ -175,18 +177,9 @@ def _wait_data(box, row_ok, err_ptr, budget, index, epoch, D: tl.constexpr, SENT
         while (pending > 0) & (gave_up == 0):
             vals, lse, pending = _count_sentinels(box, row_ok, D, SENTINEL)
             polls += 1
-            if INTERPRET:
-                spent = polls.to(tl.int64)
-            else:
-                spent = globaltimer_ns(INTERPRET) - start
-            if spent > budget:
-                if pending > 0:
-                    if tl.atomic_cas(err_ptr, 0, 1) == 0:
-                        tl.store(err_ptr + 1, 1)
-                        tl.store(err_ptr + 2, index)
-                        tl.store(err_ptr + 3, epoch)
-                        tl.store(err_ptr + 4, pending)
-                        tl.store(err_ptr + 5, tl.program_id(0))
+            if spent_since(start, polls, INTERPRET) > budget:
+                if pending > 0:  # recorded as: waited for epoch `epoch`, `pending` values still sentinel
+                    record_timeout(err_ptr, 3, index, epoch, pending)
                     gave_up = 1
     return vals, lse
 

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 ERR_WORDS = 8
-FLAG_KINDS = {1: "data chunk", 2: "peer ready/free"}
+FLAG_KINDS = {1: "data chunk", 2: "peer ready/free", 3: "payload (data as the signal)"}
 
 
 @triton.jit
@@ -49,6 +49,27 @@ def signal(flag_ptr, value, SCOPE: tl.constexpr):
 
 
 @triton.jit
+def spent_since(start, polls, INTERPRET: tl.constexpr):
+    """How much of a wait's budget is used: ns on a GPU, polls under the interpreter."""
+    if INTERPRET:
+        spent = polls.to(tl.int64)
+    else:
+        spent = globaltimer_ns(INTERPRET) - start
+    return spent
+
+
+@triton.jit
+def record_timeout(err_ptr, kind, index, target, seen):
+    """The first wait of a launch to give up records what it waited for; later ones see err[0] set."""
+    if tl.atomic_cas(err_ptr, 0, 1) == 0:
+        tl.store(err_ptr + 1, kind)
+        tl.store(err_ptr + 2, index)
+        tl.store(err_ptr + 3, target)
+        tl.store(err_ptr + 4, seen)
+        tl.store(err_ptr + 5, tl.program_id(0))
+
+
+@triton.jit
 def wait_at_least(flag_ptr, target, err_ptr, budget, kind, index, SCOPE: tl.constexpr, INTERPRET: tl.constexpr):
     """Spin until *flag_ptr >= target (acquire); bounded by `budget` (ns, or polls when interpreting)."""
     seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
@@ -59,18 +80,9 @@ def wait_at_least(flag_ptr, target, err_ptr, budget, kind, index, SCOPE: tl.cons
         while (seen < target) & (gave_up == 0):
             seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
             polls += 1
-            if INTERPRET:
-                spent = polls.to(tl.int64)
-            else:
-                spent = globaltimer_ns(INTERPRET) - start
-            if spent > budget:
+            if spent_since(start, polls, INTERPRET) > budget:
                 if seen < target:
-                    if tl.atomic_cas(err_ptr, 0, 1) == 0:  # the first wait to give up records itself
-                        tl.store(err_ptr + 1, kind)
-                        tl.store(err_ptr + 2, index)
-                        tl.store(err_ptr + 3, target)
-                        tl.store(err_ptr + 4, seen)
-                        tl.store(err_ptr + 5, tl.program_id(0))
+                    record_timeout(err_ptr, kind, index, target, seen)
                     gave_up = 1
             else:
                 if polls % 64 == 0:
