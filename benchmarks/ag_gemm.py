@@ -278,10 +278,10 @@ def print_table(doc: dict) -> None:
         ex = case.get("extra", {})
         eff = f"{ex['torch_matmul_alone_us'] / ex['gemm_alone_us']:.2f}" if ex.get("gemm_alone_us") else "-"
         print(f"{case['shape']['M']:>6} {case['shape']['N']:>6} {cells} {label:>18} {r1:>8} {r2:>9} {eff:>10}")
-    for case in doc["cases"]:
-        for v in case["variants"]:
-            if v["config"].get("error") or v["correctness"].get("passed") is False:
-                print(f"  {case['shape']} {v['variant']}: {v['config'].get('error') or 'rel_error %.2e' % v['correctness']['rel_error']}")
+    from taxes.results import failures
+
+    for line in failures(doc):
+        print(f"  {line}")
 
 
 def main(argv=None):

@@ -229,10 +229,10 @@ def print_table(doc) -> None:
         eff = f"{best / floor:.2f}x" if best and floor else "-"
         cells = " ".join(f"{med[n]:>16.1f}" if med[n] else f"{'FAIL':>16}" for n in names)
         print(f"{case['shape']['B']:>3} {case['shape']['S']:>7} {cells} {ratio:>15} {floor or 0:>9.1f} {eff:>11}")
-    for case in doc["cases"]:
-        for v in case["variants"]:
-            if v["config"].get("error") or v["correctness"].get("passed") is False:
-                print(f"  {case['shape']} {v['variant']}: {v['config'].get('error') or 'rel_error %.2e' % v['correctness']['rel_error']}")
+    from taxes.results import failures
+
+    for line in failures(doc):
+        print(f"  {line}")
 
 
 def main(argv=None):

@@ -392,3 +392,16 @@ def summary_frame(doc: dict) -> pd.DataFrame:
                          "correct": corr.get("passed"), "rel_error": corr.get("rel_error"),
                          **{c: overall.get(c) for c in COMPONENTS}})
     return pd.DataFrame(rows)
+
+
+def failures(doc: dict) -> list[str]:
+    """One line per variant that errored or failed its correctness check."""
+    out = []
+    for case in doc["cases"]:
+        for v in case["variants"]:
+            corr = v["correctness"]
+            error = v.get("config", {}).get("error")
+            if error or corr.get("passed") is False:
+                shape = ",".join(f"{k}={x}" for k, x in case["shape"].items())
+                out.append(f"{case['workload']} {shape} {v['variant']}: {error or 'relative error %.2e' % corr['rel_error']}")
+    return out
