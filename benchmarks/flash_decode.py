@@ -128,7 +128,7 @@ def bench_job(ctx, args) -> dict:
             cfg = replace(fd.Config(), **opts, **args.config)
             ctx.doing(f"{name} B={B} S={S}")
 
-            def check(run):
+            def check(run, sets=sets, ref=ref):
                 out = sets[0][3].fill_(float("nan"))
                 res = run(*sets[0][:3], out)
                 if hasattr(run, "check"):

@@ -246,7 +246,6 @@ def hardware():
 @hardware.command("list")
 def hardware_list():
     """List every profile with its headline figures."""
-    from rich.console import Console
     from rich.table import Table
 
     from taxes.hardware import all_profiles
@@ -277,7 +276,6 @@ def hardware_show(name, fmt):
     if fmt == "json":
         click.echo(json.dumps(profile_to_dict(p), indent=1))
         return
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"{p.name}: {p.description} ({p.source})", title_style="bold")

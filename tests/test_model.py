@@ -6,7 +6,7 @@ import math
 
 import pytest
 from _util import assert_one_line
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from taxes import model
