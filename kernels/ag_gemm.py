@@ -58,7 +58,7 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass(frozen=True)
 class Config:
-    """One fused kernel's configuration (tuned per shape; see TUNED and docs/ag_gemm.md)."""
+    """One fused kernel's configuration (tuned per shape: tuned_config() and docs/ag_gemm.md)."""
 
     block_m: int = 128
     block_n: int = 256
@@ -102,10 +102,10 @@ def tuned_config(M: int, N: int, K: int, world: int, variant: str) -> Config:
 
 
 @triton.jit
-def _copy_chunk(src, dst, n_elems, pid_in_group, group_size, BLOCK: tl.constexpr):
-    """dst[0:n] = src[0:n]: contiguous rows, wide vector loads and stores, split over a group of CTAs."""
+def _copy_chunk(src, dst, n_elems, BLOCK: tl.constexpr):
+    """dst[0:n] = src[0:n]: contiguous rows, wide vector loads and stores, by one CTA."""
     offs0 = tl.arange(0, BLOCK).to(tl.int64)
-    for start in range(pid_in_group * BLOCK, n_elems, group_size * BLOCK):
+    for start in range(0, n_elems, BLOCK):
         offs = start + offs0
         mask = offs < n_elems
         tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
@@ -201,7 +201,7 @@ def ag_gemm_fused_kernel(
                         waited = d
                     row0 = rank * shard_rows + c * chunk_rows
                     src = a_ptr + row0.to(tl.int64) * K
-                    _copy_chunk(src, peer_ptr(src, bases, rank, peer), chunk_rows.to(tl.int64) * K, 0, 1, COPY_BLOCK)
+                    _copy_chunk(src, peer_ptr(src, bases, rank, peer), chunk_rows.to(tl.int64) * K, COPY_BLOCK)
                     signal(peer_ptr(flags_ptr + rank * n_chunks + c, bases, rank, peer), epoch, "sys")
                 else:
                     # peer's rows -> my a_full, once the peer said they are ready
@@ -210,7 +210,7 @@ def ag_gemm_fused_kernel(
                         waited = d
                     row0 = peer * shard_rows + c * chunk_rows
                     dst = a_ptr + row0.to(tl.int64) * K
-                    _copy_chunk(peer_ptr(dst, bases, rank, peer), dst, chunk_rows.to(tl.int64) * K, 0, 1, COPY_BLOCK)
+                    _copy_chunk(peer_ptr(dst, bases, rank, peer), dst, chunk_rows.to(tl.int64) * K, COPY_BLOCK)
                     signal(flags_ptr + peer * n_chunks + c, epoch, "gpu")
 
     # -- the GEMM: a persistent loop over tiles, this rank's rows first
@@ -249,6 +249,22 @@ def _descriptor(t: torch.Tensor, block: list[int]):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     return TensorDescriptor.from_tensor(t, block)
+
+
+def _launch(cfg: Config, grid: int, a, w, out, bases, flags, aux, counters, err, rank: int, epoch: int,
+            chunk_rows: int, budget: int, world: int = 1, push: bool = False, external: bool = False) -> None:
+    """Launch ag_gemm_fused_kernel for out = a @ w with a's rows gathered over `world` ranks."""
+    interp = interpreting()
+    M, K = a.shape
+    ag_gemm_fused_kernel[(grid,)](
+        _descriptor(a, [cfg.block_m, cfg.block_k]), _descriptor(w, [cfg.block_k, cfg.block_n]),
+        _descriptor(out, [cfg.block_m, cfg.block_n // (2 if cfg.split_epilogue else 1)]),
+        a, bases, flags, aux, counters, err, rank, epoch, M, w.shape[1], K, chunk_rows, budget,
+        WORLD=world, PUSH=push, COPIERS=cfg.copiers, COPIERS_JOIN=cfg.copiers_join, EXTERNAL_PRODUCER=external,
+        GRID=grid, STATIC=cfg.static, WARP_SPEC=cfg.warp_spec, FLATTEN=cfg.flatten, SPLIT_EPILOGUE=cfg.split_epilogue,
+        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, COPY_BLOCK=cfg.copy_block,
+        INTERPRET=interp, DOT_F32=interp, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
 
 
 def _num_sms(device: torch.device) -> int:
@@ -328,10 +344,6 @@ class AgGemmFused:
         if self.epoch >= 1 << 30:
             raise RuntimeError("epoch counter exhausted; build a new AgGemmFused")
         self.err.zero_()
-        a = a_full.local
-        a_desc = _descriptor(a, [cfg.block_m, cfg.block_k])
-        w_desc = _descriptor(w_local, [cfg.block_k, cfg.block_n])
-        c_desc = _descriptor(out, [cfg.block_m, cfg.block_n // (2 if cfg.split_epilogue else 1)])
         on_gpu = ctx.device.type == "cuda"
         if self.external:
             inputs_ready = torch.cuda.Event() if on_gpu else None
@@ -339,16 +351,9 @@ class AgGemmFused:
                 inputs_ready.record()
             else:  # no streams on the CPU: the producer's work simply comes first
                 self._copy_engine_push(a_full)
-        ag_gemm_fused_kernel[(self.grid,)](
-            a_desc, w_desc, c_desc, a, ctx.heap.bases, self.flags.local, self.aux.local, self.counters, self.err,
-            ctx.rank, self.epoch, self.M, self.N_local, self.K, self.chunk_rows, self.budget,
-            WORLD=ctx.world, PUSH=self.push, COPIERS=cfg.copiers, COPIERS_JOIN=cfg.copiers_join,
-            EXTERNAL_PRODUCER=self.external, GRID=self.grid, STATIC=cfg.static, WARP_SPEC=cfg.warp_spec,
-            FLATTEN=cfg.flatten, SPLIT_EPILOGUE=cfg.split_epilogue,
-            BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, COPY_BLOCK=cfg.copy_block,
-            INTERPRET=self.interp, DOT_F32=self.interp,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        _launch(cfg, self.grid, a_full.local, w_local, out, ctx.heap.bases, self.flags.local, self.aux.local,
+                self.counters, self.err, ctx.rank, self.epoch, self.chunk_rows, self.budget, ctx.world, self.push,
+                self.external)
         if self.external and on_gpu:
             main = torch.cuda.current_stream(ctx.device)
             self._side.wait_event(inputs_ready)  # not the GEMM: the copies overlap it
@@ -495,20 +500,10 @@ class PersistentGemm:
 
     def __call__(self, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
-        M, K = a.shape
+        M = a.shape[0]
         if M % cfg.block_m:
             raise ValueError(f"M={M} is not a multiple of block_m={cfg.block_m}")
         self.epoch += 1
-        interp = interpreting()
-        ag_gemm_fused_kernel[(self.grid,)](
-            _descriptor(a, [cfg.block_m, cfg.block_k]), _descriptor(w, [cfg.block_k, cfg.block_n]),
-            _descriptor(out, [cfg.block_m, cfg.block_n // (2 if cfg.split_epilogue else 1)]),
-            a, self.bases, self.dummy, self.dummy, self.counters, self.err,
-            0, self.epoch, M, w.shape[1], K, M, 1,
-            WORLD=1, PUSH=False, COPIERS=0, COPIERS_JOIN=True, EXTERNAL_PRODUCER=False, GRID=self.grid,
-            STATIC=cfg.static, WARP_SPEC=cfg.warp_spec, FLATTEN=cfg.flatten, SPLIT_EPILOGUE=cfg.split_epilogue,
-            BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
-            GROUP_M=cfg.group_m, COPY_BLOCK=cfg.copy_block, INTERPRET=interp, DOT_F32=interp,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        _launch(cfg, self.grid, a, w, out, self.bases, self.dummy, self.dummy, self.counters, self.err, 0, self.epoch,
+                chunk_rows=M, budget=1)
         return out
