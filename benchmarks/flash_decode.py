@@ -35,33 +35,9 @@ VARIANTS = {"bsp": ("bsp", {}), "bsp-graph": ("bsp-graph", {}), "fused-push": ("
 L2_BYTES = 60 << 20
 
 
-def local_partial_f32(q, k, v):
-    """This rank's attention partial in float32: (o normalised, lse natural log). Query heads are grouped
-    by their KV head (no copies of K, V per query head) and S is taken in chunks that fit in memory."""
-    B, Hq, D = q.shape
-    Hkv = k.shape[1]
-    G = Hq // Hkv
-    chunk = max(256, min(8192, (1 << 30) // (B * Hkv * D * 4)))
-    qf = q.float().view(B, Hkv, G, D)
-    m = torch.full((B, Hkv, G), -math.inf, device=q.device)
-    l = torch.zeros(B, Hkv, G, device=q.device)
-    acc = torch.zeros(B, Hkv, G, D, device=q.device)
-    for s0 in range(0, k.shape[2], chunk):
-        kc = k[:, :, s0:s0 + chunk].float()
-        vc = v[:, :, s0:s0 + chunk].float()
-        s = torch.einsum("bkgd,bksd->bkgs", qf, kc) / math.sqrt(D)
-        m_new = torch.maximum(m, s.amax(-1))
-        p = torch.exp(s - m_new[..., None])
-        alpha = torch.exp(m - m_new)
-        l = l * alpha + p.sum(-1)
-        acc = acc * alpha[..., None] + torch.einsum("bkgs,bksd->bkgd", p, vc)
-        m = m_new
-    return (acc / l[..., None]).view(B, Hq, D), (m + torch.log(l)).view(B, Hq)
-
-
 def reference(ctx, q, k, v):
     """Merge every rank's float32 partial (NCCL all-gather on GPUs, the heap when emulated)."""
-    o, lse = local_partial_f32(q, k, v)
+    o, lse = fd.attention_partial_f32(q, k, v)
     packed = torch.cat([o, lse[..., None]], dim=-1).contiguous()
     if ctx.backend == "cuda":
         import torch.distributed as dist
@@ -74,9 +50,7 @@ def reference(ctx, q, k, v):
         ctx.barrier()
         allp = torch.stack([b.clone() for b in buf.peers])
         ctx.barrier()
-    o_all, lse_all = allp[..., :-1], allp[..., -1]
-    w = torch.softmax(lse_all, dim=0)
-    return (w[..., None] * o_all).sum(0)
+    return fd.merge_partials_f32(allp[..., :-1], allp[..., -1])
 
 
 def hbm_gbps(ctx) -> float | None:

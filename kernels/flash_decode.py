@@ -231,16 +231,40 @@ def fused_combine_kernel(part_ptr, inbox_ptr, out_ptr, bases, flags_ptr, err_ptr
 # ---- host side ------------------------------------------------------------------------------------
 
 
-def reference(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> torch.Tensor:
-    """float32 softmax(q k^T / sqrt(D)) v over the concatenation of every rank's KV (GQA)."""
+def attention_partial_f32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 attention of q (B x Hq x D) over one KV shard (B x Hkv x S x D): (output, natural-log lse).
+    Query heads are grouped by their KV head (no copies of K and V per query head) and S is taken in
+    chunks that fit in memory."""
     B, Hq, D = q.shape
-    k = torch.cat([x.float() for x in ks], dim=2)  # B x Hkv x S_total x D
-    v = torch.cat([x.float() for x in vs], dim=2)
-    G = Hq // k.shape[1]
-    k = k.repeat_interleave(G, dim=1)
-    v = v.repeat_interleave(G, dim=1)
-    s = torch.einsum("bhd,bhsd->bhs", q.float(), k) / math.sqrt(D)
-    return torch.einsum("bhs,bhsd->bhd", torch.softmax(s, dim=-1), v)
+    Hkv = k.shape[1]
+    G = Hq // Hkv
+    chunk = max(256, min(8192, (1 << 30) // (B * Hkv * D * 4)))
+    qf = q.float().view(B, Hkv, G, D)
+    m = torch.full((B, Hkv, G), -math.inf, device=q.device)
+    l = torch.zeros(B, Hkv, G, device=q.device)
+    acc = torch.zeros(B, Hkv, G, D, device=q.device)
+    for s0 in range(0, k.shape[2], chunk):
+        kc = k[:, :, s0:s0 + chunk].float()
+        vc = v[:, :, s0:s0 + chunk].float()
+        s = torch.einsum("bkgd,bksd->bkgs", qf, kc) / math.sqrt(D)
+        m_new = torch.maximum(m, s.amax(-1))
+        p = torch.exp(s - m_new[..., None])
+        alpha = torch.exp(m - m_new)
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + torch.einsum("bkgs,bksd->bkgd", p, vc)
+        m = m_new
+    return (acc / l[..., None]).view(B, Hq, D), (m + torch.log(l)).view(B, Hq)
+
+
+def merge_partials_f32(outs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
+    """Merge per-rank float32 partials (ranks first) with softmax weights of their log-sum-exps."""
+    return (torch.softmax(lses, dim=0)[..., None] * outs).sum(0)
+
+
+def reference(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> torch.Tensor:
+    """float32 softmax(q k^T / sqrt(D)) v over every rank's KV (GQA)."""
+    parts = [attention_partial_f32(q, k, v) for k, v in zip(ks, vs)]
+    return merge_partials_f32(torch.stack([o for o, _ in parts]), torch.stack([lse for _, lse in parts]))
 
 
 class FlashDecode:
