@@ -63,23 +63,53 @@ def _stdout_console():
     return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
-def _emit_file(path: str, data: str | bytes) -> None:
-    """Write a file atomically; a failure is one line."""
-    from taxes.results import write_atomic
+FORCE_HELP = "Replace output files that already exist (without it, an existing file is an error)."
+
+
+def _refuse_existing(paths, force: bool) -> None:
+    """Before any work: an existing output file is kept unless --force (one line naming it)."""
+    if force:
+        return
+    for path in filter(None, paths):
+        if os.path.lexists(path):
+            raise TaxesError(f"{path}: already exists; pass --force to replace it (or choose another name)")
+
+
+def _emit_file(path: str, data: str | bytes, force: bool = False) -> None:
+    """Write a file atomically; without force an existing file is refused (checked again as it is
+    published, so a file that appeared meanwhile is not clobbered); a failure is one line."""
+    from taxes.results import write_atomic, write_error
 
     try:
-        write_atomic(path, data)
+        write_atomic(path, data, overwrite=force)
     except OSError as e:
-        raise TaxesError(f"{path}: cannot write it ({e.strerror or e})") from None
-    _stderr_console().print(f"wrote {path}")
+        raise write_error(path, e) from None
+    _stderr_console().print(f"wrote {_escape(path)}")
 
 
-def _emit(text: str | bytes, output: str | None) -> None:
+def _emit(text: str | bytes, output: str | None, force: bool = False) -> None:
     """Data to -o FILE (atomically) or to stdout."""
     if output:
-        _emit_file(output, text)
+        _emit_file(output, text, force)
     else:
         click.echo(text, nl=False)
+
+
+def _escape(text) -> str:
+    """Text from files or the user, printed through rich: brackets are shown, not read as markup."""
+    from rich.markup import escape
+
+    return escape(str(text))
+
+
+def _markup_safe(obj):
+    """A copy of a document whose strings (keys too) print as themselves through rich; names without
+    brackets (every name taxes writes) are unchanged."""
+    if isinstance(obj, dict):
+        return {(_escape(k) if isinstance(k, str) else k): _markup_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_markup_safe(v) for v in obj]
+    return _escape(obj) if isinstance(obj, str) else obj
 
 
 def _table_text(render) -> str:
@@ -113,7 +143,8 @@ def cli():
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the data here instead of stdout.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Save a PNG: components per variant, or the sweep's lines.")
 @click.option("--sweep", help="Vary one dimension, doubling: e.g. M=1024:16384.")
-def model(workload, hardware_name, world, shape, dtype, variants, fmt, output, plot, sweep):
+@click.option("--force", is_flag=True, help=FORCE_HELP)
+def model(workload, hardware_name, world, shape, dtype, variants, fmt, output, plot, sweep, force):
     """Predict E2E and the three taxes of WORKLOAD (ag-gemm, gemm-rs, flash-decode) for every variant."""
     from taxes import model as m
     from taxes.hardware import get_profile
@@ -130,6 +161,9 @@ def model(workload, hardware_name, world, shape, dtype, variants, fmt, output, p
     for path in filter(None, (plot, output)):
         if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise TaxesError(f"{path}: its directory does not exist")
+    if plot and output and os.path.abspath(plot) == os.path.abspath(output):
+        raise TaxesError(f"{plot}: given as both -o and --plot; name two files")
+    _refuse_existing((output, plot), force)
     hw = get_profile(hardware_name)
     w = make_workload(workload, parse_shape(shape), world, dtype)
     if sweep:
@@ -140,17 +174,19 @@ def model(workload, hardware_name, world, shape, dtype, variants, fmt, output, p
     doc = model_document(preds, hw.name, world)
 
     if fmt == "json":
-        _emit(dumps(doc), output)
+        _emit(dumps(doc), output, force)
     elif fmt == "csv":
-        _emit(summary_frame(doc).to_csv(index=False), output)
+        _emit(summary_frame(doc).to_csv(index=False), output, force)
     elif fmt == "md":
-        _emit(_sweep_markdown(dim, values, preds) if sweep else render.render_markdown(doc), output)
+        _emit(_sweep_markdown(dim, values, preds) if sweep else render.render_markdown(doc), output, force)
     else:
         err = _stderr_console()
-        err.print(f"[bold]taxes model[/bold] {w.name} on {hw.name} ({hw.source}), world {world}, {dtype}: predicted, us per iteration")
-        draw = (lambda c: _sweep_terminal(dim, values, preds, c)) if sweep else (lambda c: render.render_terminal(doc, c))
+        err.print(f"[bold]taxes model[/bold] {w.name} on {_escape(hw.name)} ({_escape(hw.source)}), world {world}, "
+                  f"{dtype}: predicted, us per iteration")
+        safe = _markup_safe(doc)
+        draw = (lambda c: _sweep_terminal(dim, values, preds, c)) if sweep else (lambda c: render.render_terminal(safe, c))
         if output:
-            _emit(_table_text(draw), output)
+            _emit(_table_text(draw), output, force)
         else:
             draw(_stdout_console())
         err.print(render.LEGEND)
@@ -158,7 +194,7 @@ def model(workload, hardware_name, world, shape, dtype, variants, fmt, output, p
         from taxes.reports import plots
 
         png = _sweep_png(dim, values, preds) if sweep else plots.stacked_bars(doc["cases"][0])
-        _emit_file(plot, png)
+        _emit_file(plot, png, force)
 
 
 def _sweep_rows(dim, values, preds):
@@ -255,10 +291,11 @@ def hardware_list():
         t.add_column(h)
     for name, (p, origin) in all_profiles().items():
         if p is None:
-            t.add_row(name, origin, "-", "-", "-", "-", "does not load: taxes hardware show " + name)
+            t.add_row(_escape(name), _escape(origin), "-", "-", "-", "-", "does not load: taxes hardware show " + _escape(name))
             continue
-        t.add_row(name, origin if origin != "built-in" else p.source, f"{p.matrix_tflops.get('bf16', 0):,.0f}",
-                  f"{p.hbm_gbps:,.0f}", f"{p.peer_link_gbps:,.0f} / {p.injection_gbps:,.0f}", str(p.sm_count), p.description)
+        t.add_row(_escape(name), _escape(origin if origin != "built-in" else p.source), f"{p.matrix_tflops.get('bf16', 0):,.0f}",
+                  f"{p.hbm_gbps:,.0f}", f"{p.peer_link_gbps:,.0f} / {p.injection_gbps:,.0f}", str(p.sm_count),
+                  _escape(p.description))
     _stdout_console().print(t)
 
 
@@ -278,13 +315,13 @@ def hardware_show(name, fmt):
         return
     from rich.table import Table
 
-    t = Table(title=f"{p.name}: {p.description} ({p.source})", title_style="bold")
+    t = Table(title=_escape(f"{p.name}: {p.description} ({p.source})"), title_style="bold")
     t.add_column("figure")
     t.add_column("value", justify="right")
     for k, v in asdict(p).items():
         if k in ("name", "description", "source", "extra"):
             continue
-        t.add_row(k, ", ".join(f"{d} {x:g}" for d, x in v.items()) if isinstance(v, dict) else f"{v:g}")
+        t.add_row(k, _escape(", ".join(f"{d} {x:g}" for d, x in v.items())) if isinstance(v, dict) else f"{v:g}")
     _stdout_console().print(t)
 
 
@@ -295,30 +332,50 @@ def hardware_show(name, fmt):
 @click.argument("result", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(("table", "md", "json", "html")), default="table", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report here instead of stdout.")
-def report(result, fmt, output):
+@click.option("--force", is_flag=True, help=FORCE_HELP)
+def report(result, fmt, output, force):
     """Render a result document (from taxes profile or taxes model --format json)."""
     from taxes.reports import render
     from taxes.results import load
 
+    if fmt == "html" and not output:
+        raise TaxesError("--format html writes a file: give -o REPORT.html")
+    _refuse_existing((output,), force)
     doc = load(result)
     if not doc["cases"]:
         raise TaxesError(f"{result}: the document holds no cases")
     if fmt == "json":
-        _emit(render.render_json(doc), output)
+        _emit(render.render_json(doc), output, force)
     elif fmt == "md":
-        _emit(render.render_markdown(doc), output)
+        _emit(render.render_markdown(doc), output, force)
     elif fmt == "html":
-        if not output:
-            raise TaxesError("--format html writes a file: give -o REPORT.html")
-        _emit(render.render_html(doc), output)
+        _emit(render.render_html(doc), output, force)
     else:
         err = _stderr_console()
-        err.print(render._meta_line(doc))
+        safe = _markup_safe(doc)
+        err.print(render._meta_line(safe))
         if output:
-            _emit(_table_text(lambda c: render.render_terminal(doc, c)), output)
+            _emit(_table_text(lambda c: render.render_terminal(safe, c)), output, force)
         else:
-            render.render_terminal(doc, _stdout_console())
+            render.render_terminal(safe, _stdout_console())
         err.print(render.LEGEND)
+
+
+def _register() -> None:
+    """Commands that live in their own modules (one idea per file)."""
+    from taxes.cli.analyze_cmd import analyze
+    from taxes.cli.calibrate_cmd import calibrate
+    from taxes.cli.compare_cmd import compare
+    from taxes.cli.profile_cmd import profile_cmd, validate_cmd
+
+    cli.add_command(profile_cmd)
+    cli.add_command(validate_cmd)
+    cli.add_command(compare)
+    cli.add_command(analyze)
+    cli.add_command(calibrate)
+
+
+_register()
 
 
 def main():

@@ -45,6 +45,7 @@ import triton.language as tl
 from taxes.kernels.runtime import RankContext, SymBuffer, interpreting
 from taxes.kernels.sync import (
     ERR_WORDS,
+    globaltimer_ns,
     peer_ptr,
     raise_if_timed_out,
     signal,
@@ -52,7 +53,7 @@ from taxes.kernels.sync import (
     wait_budget,
 )
 
-VARIANTS = ("bsp", "bsp-graph", "fused-pull", "fused-push", "torch-async-tp")
+VARIANTS = ("bsp", "bsp-graph", "fused-pull", "fused-push", "fused-push-graph", "torch-async-tp")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -79,6 +80,7 @@ class Config:
 
 
 TUNED_FILE = Path(__file__).with_name("ag_gemm_tuned.json")
+CTA_TRACE_WORDS = tl.constexpr(6)  # traced fused kernel, per CTA (see ag_gemm_fused_kernel)
 
 
 def tuned_config(M: int, N: int, K: int, world: int, variant: str) -> Config:
@@ -89,8 +91,12 @@ def tuned_config(M: int, N: int, K: int, world: int, variant: str) -> Config:
     import json
 
     if TUNED_FILE.exists():
-        rows = [r for r in json.loads(TUNED_FILE.read_text())["entries"]
-                if r["variant"] == variant and r["N"] == N and r["K"] == K and r["world"] == world]
+        entries = json.loads(TUNED_FILE.read_text())["entries"]
+        rows = [r for r in entries if r["variant"] == variant and r["N"] == N and r["K"] == K and r["world"] == world
+                and (r["M"] == M or not variant.endswith("-graph"))]
+        if not rows and variant.endswith("-graph"):  # else a graphed variant runs the eager variant's kernel
+            rows = [r for r in entries if r["variant"] == variant.removesuffix("-graph") and r["N"] == N
+                    and r["K"] == K and r["world"] == world]
         if rows:
             fields = set(Config.__dataclass_fields__)
             best = min(rows, key=lambda r: abs(r["M"] - M))
@@ -127,17 +133,25 @@ def _tile_coords(t, rank, num_m_shard, num_n, WORLD: tl.constexpr, GROUP_M: tl.c
 
 
 @triton.jit
-def _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, rank, epoch, K, shard_rows, chunk_rows, n_chunks,
-               num_m_shard, num_n, budget, WORLD: tl.constexpr, FLAG_SCOPE: tl.constexpr, BM: tl.constexpr,
+def _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, trace_ptr, rank, epoch, K, shard_rows, chunk_rows,
+               n_chunks, num_m_shard, num_n, budget, WORLD: tl.constexpr, FLAG_SCOPE: tl.constexpr, BM: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, WARP_SPEC: tl.constexpr,
-               SPLIT_EPILOGUE: tl.constexpr, INTERPRET: tl.constexpr, DOT_F32: tl.constexpr):
-    """One output tile: wait for the chunks holding its rows of A (peer rows only), then the K loop."""
+               SPLIT_EPILOGUE: tl.constexpr, TRACE: tl.constexpr, INTERPRET: tl.constexpr, DOT_F32: tl.constexpr):
+    """One output tile: wait for the chunks holding its rows of A (peer rows only), then the K loop.
+    Traced: the tile's wait (ns) goes to trace_ptr[t]. Returns the ns waited (0 untraced)."""
     pm, pn, shard = _tile_coords(t, rank, num_m_shard, num_n, WORLD, GROUP_M)
+    waited = tl.zeros((), tl.int64)
     if shard != rank:
+        if TRACE:
+            t0 = globaltimer_ns(INTERPRET)
         r0 = pm * BM - shard * shard_rows
         for c in range(r0 // chunk_rows, (r0 + BM - 1) // chunk_rows + 1):
             wait_at_least(flags_ptr + shard * n_chunks + c, epoch, err_ptr, budget, 1, shard * n_chunks + c,
                           FLAG_SCOPE, INTERPRET)
+        if TRACE:
+            waited = globaltimer_ns(INTERPRET) - t0
+    if TRACE:
+        tl.store(trace_ptr + t, waited)
     off_m = pm * BM
     off_n = pn * BN
     acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -160,20 +174,29 @@ def _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, rank, epoch, K, sh
         c_desc.store([off_m, off_n + BN // 2], right.to(c_desc.dtype))
     else:
         c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+    return waited
 
 
-@triton.jit(do_not_specialize=["rank", "epoch", "budget"])
+@triton.jit(do_not_specialize=["rank", "budget"])
 def ag_gemm_fused_kernel(
     a_desc, w_desc, c_desc,  # TMA: gathered A (M x K), local W (K x N_local), C (M x N_local)
-    a_ptr, bases, flags_ptr, aux_ptr, counters_ptr, err_ptr,
-    rank, epoch, M, N_local, K, chunk_rows, budget,
+    a_ptr, bases, flags_ptr, aux_ptr, counters_ptr, err_ptr, cta_trace_ptr, tile_trace_ptr,
+    rank, M, N_local, K, chunk_rows, budget,
     WORLD: tl.constexpr, PUSH: tl.constexpr, COPIERS: tl.constexpr, COPIERS_JOIN: tl.constexpr,
     EXTERNAL_PRODUCER: tl.constexpr, GRID: tl.constexpr, STATIC: tl.constexpr, WARP_SPEC: tl.constexpr,
     FLATTEN: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, COPY_BLOCK: tl.constexpr,
-    INTERPRET: tl.constexpr, DOT_F32: tl.constexpr,
+    TRACE: tl.constexpr, INTERPRET: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    # counters: [0] next tile of the queue, [1] CTAs finished, [2] the last finished call's epoch. The epoch
+    # lives on the device so a CUDA graph can replay the launch; the last CTA to finish resets the queue.
+    epoch = tl.load(counters_ptr + 2, volatile=True) + 1
+    if TRACE:  # per CTA: start, end, ns waiting for data, ns waiting for peers ready/free, tiles, copies done
+        tl.store(cta_trace_ptr + pid * CTA_TRACE_WORDS, globaltimer_ns(INTERPRET))
+    peer_wait = tl.zeros((), tl.int64)
+    data_wait = tl.zeros((), tl.int64)
+    n_tiles_done = tl.zeros((), tl.int64)
     shard_rows = M // WORLD
     n_chunks = shard_rows // chunk_rows
     FLAG_SCOPE: tl.constexpr = "sys" if (PUSH or EXTERNAL_PRODUCER) else "gpu"
@@ -197,7 +220,11 @@ def ag_gemm_fused_kernel(
                 if PUSH:
                     # my rows -> peer's a_full, once the peer has finished reading its previous call
                     if waited < d:
+                        if TRACE:
+                            t0 = globaltimer_ns(INTERPRET)
                         wait_at_least(aux_ptr + peer, epoch - 1, err_ptr, budget, 2, peer, "sys", INTERPRET)
+                        if TRACE:
+                            peer_wait += globaltimer_ns(INTERPRET) - t0
                         waited = d
                     row0 = rank * shard_rows + c * chunk_rows
                     src = a_ptr + row0.to(tl.int64) * K
@@ -206,12 +233,18 @@ def ag_gemm_fused_kernel(
                 else:
                     # peer's rows -> my a_full, once the peer said they are ready
                     if waited < d:
+                        if TRACE:
+                            t0 = globaltimer_ns(INTERPRET)
                         wait_at_least(aux_ptr + peer, epoch, err_ptr, budget, 2, peer, "sys", INTERPRET)
+                        if TRACE:
+                            peer_wait += globaltimer_ns(INTERPRET) - t0
                         waited = d
                     row0 = peer * shard_rows + c * chunk_rows
                     dst = a_ptr + row0.to(tl.int64) * K
                     _copy_chunk(peer_ptr(dst, bases, rank, peer), dst, chunk_rows.to(tl.int64) * K, COPY_BLOCK)
                     signal(flags_ptr + peer * n_chunks + c, epoch, "gpu")
+            if TRACE:
+                tl.store(cta_trace_ptr + pid * CTA_TRACE_WORDS + 5, globaltimer_ns(INTERPRET))
 
     # -- the GEMM: a persistent loop over tiles, this rank's rows first
     num_m_shard = shard_rows // BM
@@ -221,25 +254,36 @@ def ag_gemm_fused_kernel(
     if pid >= first_gemm_pid:
         if STATIC:  # fixed round-robin: tile t goes to program first_gemm_pid + t % (GRID - first_gemm_pid)
             for t in tl.range(pid - first_gemm_pid, num_tiles, GRID - first_gemm_pid, flatten=FLATTEN):
-                _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, rank, epoch, K, shard_rows, chunk_rows,
-                           n_chunks, num_m_shard, num_n, budget, WORLD, FLAG_SCOPE, BM, BN, BK, GROUP_M, WARP_SPEC,
-                           SPLIT_EPILOGUE, INTERPRET, DOT_F32)
+                data_wait += _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, tile_trace_ptr, rank, epoch, K,
+                                        shard_rows, chunk_rows, n_chunks, num_m_shard, num_n, budget, WORLD, FLAG_SCOPE,
+                                        BM, BN, BK, GROUP_M, WARP_SPEC, SPLIT_EPILOGUE, TRACE, INTERPRET, DOT_F32)
+                n_tiles_done += 1
         else:  # a queue: an atomic counter whose epoch-relative value is the next tile
-            base = (epoch - 1) * (num_tiles + GRID - first_gemm_pid)
-            t = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu") - base
+            t = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
             while t < num_tiles:
-                _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, rank, epoch, K, shard_rows, chunk_rows,
-                           n_chunks, num_m_shard, num_n, budget, WORLD, FLAG_SCOPE, BM, BN, BK, GROUP_M, WARP_SPEC,
-                           SPLIT_EPILOGUE, INTERPRET, DOT_F32)
-                t = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu") - base
+                data_wait += _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, tile_trace_ptr, rank, epoch, K,
+                                        shard_rows, chunk_rows, n_chunks, num_m_shard, num_n, budget, WORLD, FLAG_SCOPE,
+                                        BM, BN, BK, GROUP_M, WARP_SPEC, SPLIT_EPILOGUE, TRACE, INTERPRET, DOT_F32)
+                n_tiles_done += 1
+                t = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
 
-    # -- push: the last CTA to finish tells every peer this rank is done reading its a_full
-    if PUSH and WORLD > 1:
-        done = tl.atomic_add(counters_ptr + 1, 1, sem="acq_rel", scope="gpu")
-        if done == epoch * GRID - 1:
+    # -- the last CTA to finish: push tells every peer this rank is done reading its a_full; then the
+    # queue is reset and the epoch published (no CTA of this call touches the counters any more)
+    done = tl.atomic_add(counters_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if done == GRID - 1:
+        if PUSH and WORLD > 1:
             for d in range(1, WORLD):
                 peer = (rank + d) % WORLD
                 signal(peer_ptr(aux_ptr + rank, bases, rank, peer), epoch, "sys")
+        tl.store(counters_ptr, 0)
+        tl.store(counters_ptr + 1, 0)
+        tl.atomic_xchg(counters_ptr + 2, epoch, sem="release", scope="gpu")
+    if TRACE:
+        row = cta_trace_ptr + pid * CTA_TRACE_WORDS
+        tl.store(row + 1, globaltimer_ns(INTERPRET))
+        tl.store(row + 2, data_wait)
+        tl.store(row + 3, peer_wait)
+        tl.store(row + 4, n_tiles_done)
 
 
 # ---- the host side --------------------------------------------------------------------------------
@@ -251,19 +295,21 @@ def _descriptor(t: torch.Tensor, block: list[int]):
     return TensorDescriptor.from_tensor(t, block)
 
 
-def _launch(cfg: Config, grid: int, a, w, out, bases, flags, aux, counters, err, rank: int, epoch: int,
-            chunk_rows: int, budget: int, world: int = 1, push: bool = False, external: bool = False) -> None:
-    """Launch ag_gemm_fused_kernel for out = a @ w with a's rows gathered over `world` ranks."""
+def _launch(cfg: Config, grid: int, a, w, out, bases, flags, aux, counters, err, rank: int, chunk_rows: int, budget: int, world: int = 1, push: bool = False, external: bool = False,
+            trace: tuple | None = None) -> None:
+    """Launch ag_gemm_fused_kernel for out = a @ w with a's rows gathered over `world` ranks;
+    trace = (cta_trace, tile_trace) int64 buffers launches the traced build."""
     interp = interpreting()
     M, K = a.shape
+    cta_trace, tile_trace = trace if trace is not None else (counters, counters)
     ag_gemm_fused_kernel[(grid,)](
         _descriptor(a, [cfg.block_m, cfg.block_k]), _descriptor(w, [cfg.block_k, cfg.block_n]),
         _descriptor(out, [cfg.block_m, cfg.block_n // (2 if cfg.split_epilogue else 1)]),
-        a, bases, flags, aux, counters, err, rank, epoch, M, w.shape[1], K, chunk_rows, budget,
+        a, bases, flags, aux, counters, err, cta_trace, tile_trace, rank, M, w.shape[1], K, chunk_rows, budget,
         WORLD=world, PUSH=push, COPIERS=cfg.copiers, COPIERS_JOIN=cfg.copiers_join, EXTERNAL_PRODUCER=external,
         GRID=grid, STATIC=cfg.static, WARP_SPEC=cfg.warp_spec, FLATTEN=cfg.flatten, SPLIT_EPILOGUE=cfg.split_epilogue,
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, COPY_BLOCK=cfg.copy_block,
-        INTERPRET=interp, DOT_F32=interp, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        TRACE=trace is not None, INTERPRET=interp, DOT_F32=interp, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
@@ -323,10 +369,13 @@ class AgGemmFused:
         heap = ctx.heap
         self.flags = heap.zeros((p * self.n_chunks,), torch.int32)
         self.aux = heap.zeros((p,), torch.int32)
-        self.counters = torch.zeros(2, dtype=torch.int32, device=ctx.device)
+        self.counters = torch.zeros(3, dtype=torch.int32, device=ctx.device)
         self.err = torch.zeros(ERR_WORDS, dtype=torch.int32, device=ctx.device)
         self.budget = wait_budget(wait_s, self.interp)
         self.epoch = 0
+        n_tiles = M // cfg.block_m * triton.cdiv(N_local, cfg.block_n)
+        self.cta_trace = torch.zeros(self.grid * CTA_TRACE_WORDS.value, dtype=torch.int64, device=ctx.device)
+        self.tile_trace = torch.zeros(n_tiles, dtype=torch.int64, device=ctx.device)
         if self.external:
             # Flag values come from a table of epochs, so a flag copy needs no kernel to produce its value.
             self._table_base = 0
@@ -338,12 +387,14 @@ class AgGemmFused:
                                     INTERPRET=self.interp, num_warps=1)
         ctx.barrier()  # every rank's flags are zero before anyone signals
 
-    def __call__(self, a_full: SymBuffer, w_local: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def __call__(self, a_full: SymBuffer, w_local: torch.Tensor, out: torch.Tensor, traced: bool = False) -> torch.Tensor:
+        """out = all_gather(A) @ w_local. traced: the instrumented build (same schedule) records per CTA
+        its start and end (globaltimer ns), ns spent waiting for data chunks and for peers, tiles done and
+        when its copies finished, and per tile the ns it waited (cta_trace / tile_trace)."""
         cfg, ctx = self.cfg, self.ctx
         self.epoch += 1
         if self.epoch >= 1 << 30:
             raise RuntimeError("epoch counter exhausted; build a new AgGemmFused")
-        self.err.zero_()
         on_gpu = ctx.device.type == "cuda"
         if self.external:
             inputs_ready = torch.cuda.Event() if on_gpu else None
@@ -352,8 +403,8 @@ class AgGemmFused:
             else:  # no streams on the CPU: the producer's work simply comes first
                 self._copy_engine_push(a_full)
         _launch(cfg, self.grid, a_full.local, w_local, out, ctx.heap.bases, self.flags.local, self.aux.local,
-                self.counters, self.err, ctx.rank, self.epoch, self.chunk_rows, self.budget, ctx.world, self.push,
-                self.external)
+                self.counters, self.err, ctx.rank, self.chunk_rows, self.budget, ctx.world, self.push,
+                self.external, (self.cta_trace, self.tile_trace) if traced else None)
         if self.external and on_gpu:
             main = torch.cuda.current_stream(ctx.device)
             self._side.wait_event(inputs_ready)  # not the GEMM: the copies overlap it
@@ -382,9 +433,29 @@ class AgGemmFused:
                 idx = ctx.rank * self.n_chunks + c
                 self.flags.peers[peer][idx:idx + 1].copy_(value, non_blocking=True)
 
+    def phases(self, a_full: SymBuffer, w_local, out, traced: bool = False) -> list[tuple[str, str, object]]:
+        """One launch (plus the copy engine's copies when it is the producer): a single phase."""
+        return [("fused-gemm", "compute", lambda: self(a_full, w_local, out, traced))]
+
+    def cta_trace_rows(self) -> list[dict]:
+        """The last traced call, per CTA: start/end (globaltimer ns), ns waiting for data chunks and for
+        peers (ready/free), tiles computed, and when its copies were done (ns, 0: not a copier)."""
+        rows = self.cta_trace.view(-1, CTA_TRACE_WORDS.value).tolist()
+        keys = ("start_ns", "end_ns", "data_wait_ns", "peer_wait_ns", "tiles", "copies_done_ns")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def tile_waits(self) -> list[tuple[int, int]]:
+        """The last traced call, per output tile: (source rank of its rows, ns its CTA waited for them)."""
+        p, rank = self.ctx.world, self.ctx.rank
+        per_shard = self.tile_trace.numel() // p
+        return [((rank + t // per_shard) % p, w) for t, w in enumerate(self.tile_trace.tolist())]
+
     def check(self, what: str = "fused all-gather + GEMM") -> None:
-        """Raise FlagTimeout if any wait of the last call gave up (synchronises)."""
-        raise_if_timed_out(self.err, self.ctx.rank, what, self._describe)
+        """Raise FlagTimeout if any wait of the last calls gave up (synchronises), and re-arm."""
+        try:
+            raise_if_timed_out(self.err, self.ctx.rank, what, self._describe)
+        finally:
+            self.err.zero_()
 
     def _describe(self, kind: int, index: int) -> str:
         if kind == 1:
@@ -418,11 +489,17 @@ class AgGemmBsp:
         self.gathered = torch.empty(M, K, dtype=dtype, device=ctx.device)
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
 
-    def _eager(self, a_full: SymBuffer, w_local, out):
+    def phases(self, a_full: SymBuffer, w_local, out, traced: bool = False) -> list[tuple[str, str, object]]:
+        """The eager steps as (name, role, thunk); running the thunks in order is one call."""
         rows = self.M // self.ctx.world
         r = self.ctx.rank
-        all_gather_rows(self.ctx, self.gathered, a_full.local[r * rows:(r + 1) * rows], a_full)
-        torch.matmul(self.gathered, w_local, out=out)
+        return [("all-gather", "communication",
+                 lambda: all_gather_rows(self.ctx, self.gathered, a_full.local[r * rows:(r + 1) * rows], a_full)),
+                ("matmul", "compute", lambda: torch.matmul(self.gathered, w_local, out=out))]
+
+    def _eager(self, a_full: SymBuffer, w_local, out):
+        for _, _, step in self.phases(a_full, w_local, out):
+            step()
         return out
 
     def __call__(self, a_full: SymBuffer, w_local, out):
@@ -459,11 +536,54 @@ class AgGemmTorchAsyncTP:
         return mm
 
 
+class AgGemmFusedGraph:
+    """fused-push-graph: the fused kernel replayed from a CUDA graph (one per input set), so the host's
+    launch path (descriptors, argument handling) is paid once at capture. The epoch lives on the device,
+    so replays stay in step; the producer is always CTAs (the copy engine's flag values come from the host)."""
+
+    def __init__(self, fused: AgGemmFused):
+        self.inner, self.ctx, self.cfg = fused, fused.ctx, fused.cfg
+        self.on_gpu = fused.ctx.device.type == "cuda"
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+
+    def __call__(self, a_full: SymBuffer, w_local, out, traced: bool = False):
+        if not self.on_gpu:
+            return self.inner(a_full, w_local, out, traced)
+        key = (a_full.local.data_ptr(), w_local.data_ptr(), out.data_ptr(), traced)
+        g = self._graphs.get(key)
+        if g is None:
+            self.inner(a_full, w_local, out, traced)  # compile and warm up outside capture (a real call)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self.inner(a_full, w_local, out, traced)
+            self._graphs[key] = g
+        g.replay()
+        return out
+
+    def phases(self, a_full, w_local, out, traced: bool = False):
+        return self.inner.phases(a_full, w_local, out, traced)
+
+    def cta_trace_rows(self):
+        return self.inner.cta_trace_rows()
+
+    def tile_waits(self):
+        return self.inner.tile_waits()
+
+    def check(self, what: str = "fused all-gather + GEMM (graph)") -> None:
+        self.inner.check(what)
+
+
 def make_variant(ctx: RankContext, variant: str, M: int, N_local: int, K: int, dtype: torch.dtype,
                  config: Config | None = None, wait_s: float = 5.0):
     """A callable run(a_full, w_local, out) -> C_local for one variant."""
     if variant in ("bsp", "bsp-graph"):
         return AgGemmBsp(ctx, M, N_local, K, dtype, graph=variant == "bsp-graph")
+    if variant == "fused-push-graph":
+        cfg = config or Config()
+        if cfg.producer == "copy-engine":
+            cfg = replace(cfg, producer="ctas", copiers=cfg.copiers or 16, chunk_rows=min(cfg.chunk_rows, 64))
+        return AgGemmFusedGraph(AgGemmFused(ctx, M, N_local, K, push=True, config=cfg, wait_s=wait_s))
     if variant in ("fused-pull", "fused-push"):
         return AgGemmFused(ctx, M, N_local, K, push=variant == "fused-push", config=config or Config(), wait_s=wait_s)
     if variant == "torch-async-tp":
@@ -492,7 +612,7 @@ class PersistentGemm:
         self.cfg = replace(config, copiers=0, warp_spec=config.warp_spec and not interpreting())
         self.device = device
         self.grid = self.cfg.grid or _num_sms(device)
-        self.counters = torch.zeros(2, dtype=torch.int32, device=device)
+        self.counters = torch.zeros(3, dtype=torch.int32, device=device)
         self.err = torch.zeros(ERR_WORDS, dtype=torch.int32, device=device)
         self.dummy = torch.zeros(4, dtype=torch.int32, device=device)
         self.bases = torch.zeros(1, dtype=torch.int64, device=device)
@@ -504,6 +624,6 @@ class PersistentGemm:
         if M % cfg.block_m:
             raise ValueError(f"M={M} is not a multiple of block_m={cfg.block_m}")
         self.epoch += 1
-        _launch(cfg, self.grid, a, w, out, self.bases, self.dummy, self.dummy, self.counters, self.err, 0, self.epoch,
+        _launch(cfg, self.grid, a, w, out, self.bases, self.dummy, self.dummy, self.counters, self.err, 0,
                 chunk_rows=M, budget=1)
         return out

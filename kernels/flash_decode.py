@@ -44,7 +44,8 @@ from taxes.kernels.sync import (
     wait_budget,
 )
 
-VARIANTS = ("bsp", "bsp-graph", "fused-push")
+VARIANTS = ("bsp", "bsp-graph", "fused-push", "fused-push-graph")
+TRACE_WORDS = tl.constexpr(3)  # per program of a traced fused combine: start ns, ns spent waiting for peers, end ns
 SENTINEL_BITS = 0x7F80DEAD  # a NaN payload float arithmetic never produces (it yields 0x7FC00000)
 LOG2E = 1.4426950408889634
 
@@ -184,15 +185,21 @@ def _wait_data(box, row_ok, err_ptr, budget, index, epoch, D: tl.constexpr, SENT
     return vals, lse
 
 
-@triton.jit(do_not_specialize=["rank", "epoch", "budget"])
-def fused_combine_kernel(part_ptr, inbox_ptr, out_ptr, bases, flags_ptr, err_ptr, rank, epoch, R, n_splits, n_blocks,
-                         budget, WORLD: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr,
-                         DATA_SIGNAL: tl.constexpr, SENTINEL: tl.constexpr, INTERPRET: tl.constexpr):
+@triton.jit(do_not_specialize=["rank", "budget"])
+def fused_combine_kernel(part_ptr, inbox_ptr, out_ptr, bases, flags_ptr, err_ptr, state_ptr, trace_ptr, rank, R,
+                         n_splits, n_blocks, budget, WORLD: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr,
+                         DATA_SIGNAL: tl.constexpr, SENTINEL: tl.constexpr, TRACE: tl.constexpr,
+                         INTERPRET: tl.constexpr):
     pid = tl.program_id(0)
+    if TRACE:
+        tl.store(trace_ptr + pid * TRACE_WORDS, globaltimer_ns(INTERPRET))
+    # The epoch lives on the device (state[0]: last finished call), so a CUDA graph can replay the launch.
+    epoch = tl.load(state_ptr, volatile=True) + 1
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < R
     rows64 = rows.to(tl.int64)
     d = tl.arange(0, D)
+    waited = tl.zeros((), tl.int64)
     # 1. this rank's partial: merge its splits
     acc, lse = _merge_sets(part_ptr, rows64, row_ok, n_splits, n_splits * (D + 1), D + 1, D, BLOCK_R)
     # 2. push it into slot `rank` of every peer's inbox (the buffer of this call's parity)
@@ -209,6 +216,8 @@ def fused_combine_kernel(part_ptr, inbox_ptr, out_ptr, bases, flags_ptr, err_ptr
     for dd in range(1, WORLD):
         src = (rank + dd) % WORLD
         box = inbox_ptr + ((parity * WORLD + src) * R + rows64) * (D + 1)
+        if TRACE:
+            t_wait = globaltimer_ns(INTERPRET)
         if DATA_SIGNAL:
             o_j, lse_j = _wait_data(box, row_ok, err_ptr, budget, src * n_blocks + pid, epoch, D, SENTINEL, INTERPRET)
             # back to the sentinel, for this buffer's next use two calls from now
@@ -220,12 +229,22 @@ def fused_combine_kernel(part_ptr, inbox_ptr, out_ptr, bases, flags_ptr, err_ptr
                           INTERPRET)
             o_j = tl.load(box[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
             lse_j = tl.load(box + D, mask=row_ok, other=0.0)
+        if TRACE:
+            waited += globaltimer_ns(INTERPRET) - t_wait
         m = tl.maximum(lse, lse_j)
         a = tl.exp2(lse - m)
         b = tl.exp2(lse_j - m)
         acc = (acc * a[:, None] + o_j * b[:, None]) / (a + b)[:, None]
         lse = m + tl.log2(a + b)
     tl.store(out_ptr + rows64[:, None] * D + d[None, :], acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    if TRACE:
+        tl.store(trace_ptr + pid * TRACE_WORDS + 1, waited)
+        tl.store(trace_ptr + pid * TRACE_WORDS + 2, globaltimer_ns(INTERPRET))
+    # the last program to finish publishes the epoch; no program of the next call starts before (stream order)
+    done = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if done == n_blocks - 1:
+        tl.store(state_ptr + 1, 0)
+        tl.atomic_xchg(state_ptr, epoch, sem="release", scope="gpu")
 
 
 # ---- host side ------------------------------------------------------------------------------------
@@ -268,7 +287,11 @@ def reference(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor]) -
 
 
 class FlashDecode:
-    """One shape on one rank. run(q, k, v, out) -> out (B x Hq x D): attention over every rank's KV."""
+    """One shape on one rank. run(q, k, v, out) -> out (B x Hq x D): attention over every rank's KV.
+
+    phases(q, k, v, out) lists the same work as (name, role, thunk) steps for per-phase timing;
+    fused variants also run traced (`traced=True`): the fused combine then records, per program, a
+    globaltimer stamp at its start and end and the time it spent waiting for peers (`trace`)."""
 
     def __init__(self, ctx: RankContext, B: int, Hq: int, Hkv: int, D: int, S: int, dtype: torch.dtype, variant: str,
                  config: Config = Config(), wait_s: float = 5.0):
@@ -282,6 +305,9 @@ class FlashDecode:
         self.B, self.Hq, self.Hkv, self.D, self.S = B, Hq, Hkv, D, S
         self.G = Hq // Hkv
         self.interp = interpreting()
+        self.fused = variant.startswith("fused")
+        self.graphed = variant.endswith("-graph") and ctx.device.type == "cuda"
+        self.graphs: dict = {}
         sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if ctx.device.type == "cuda" else 4
         self.n_splits, self.split_len = split_count(S, B, Hkv, sms, config.block_n, config.splits)
         R = B * Hq
@@ -289,10 +315,9 @@ class FlashDecode:
         dev = ctx.device
         self.part = torch.empty(R * self.n_splits * (D + 1), dtype=torch.float32, device=dev)
         self.n_blocks = triton.cdiv(R, config.block_r)
-        if variant in ("bsp", "bsp-graph"):
+        if not self.fused:
             self.local = torch.empty(R * (D + 1), dtype=torch.float32, device=dev)
             self.gathered = torch.empty(ctx.world * R * (D + 1), dtype=torch.float32, device=dev)
-            self.graphs: dict = {}
         else:
             p = ctx.world
             self.inbox = ctx.heap.alloc((2, p, R, D + 1), torch.float32)
@@ -300,9 +325,12 @@ class FlashDecode:
                 self.inbox.local.view(torch.int32).fill_(SENTINEL_BITS)
             self.flags = ctx.heap.zeros((p * self.n_blocks,), torch.int32)
             self.err = torch.zeros(ERR_WORDS, dtype=torch.int32, device=dev)
+            self.state = torch.zeros(2, dtype=torch.int32, device=dev)  # [last finished epoch, programs done]
+            self.trace = torch.zeros(self.n_blocks * TRACE_WORDS.value, dtype=torch.int64, device=dev)
             self.budget = wait_budget(wait_s, self.interp)
-            self.epoch = 0
             ctx.barrier()  # inboxes and flags initialised everywhere before anyone pushes
+
+    # -- the steps -------------------------------------------------------------------------------------
 
     def _split(self, q, k, v):
         G_PAD = max(16, triton.next_power_of_2(self.G))
@@ -315,19 +343,29 @@ class FlashDecode:
         combine_kernel[(self.n_blocks,)](part, out, self.R, n_sets, stride_row, stride_set, D=self.D,
                                          BLOCK_R=self.cfg.block_r, PACKED_OUT=packed, num_warps=4)
 
-    def _bsp(self, q, k, v, out):
-        ctx, R, D = self.ctx, self.R, self.D
-        self._split(q, k, v)
+    def _local_combine(self):
+        D = self.D
         self._combine(self.part, self.local, self.n_splits, self.n_splits * (D + 1), D + 1, True)
-        if ctx.backend == "cuda":
+
+    def _all_gather(self):
+        if self.ctx.backend == "cuda":
             import torch.distributed as dist
 
             dist.all_gather_into_tensor(self.gathered, self.local)
         else:  # emulated ranks: exchange through the host (a stand-in with the same result)
             self._emulated_all_gather()
+
+    def _global_combine(self, out):
         # gathered is p blocks of R rows: row r of rank i at (i * R + r) * (D + 1)
-        self._combine(self.gathered, out, ctx.world, D + 1, R * (D + 1), False)
-        return out
+        self._combine(self.gathered, out, self.ctx.world, self.D + 1, self.R * (self.D + 1), False)
+
+    def _fused_combine(self, out, traced=False):
+        ctx = self.ctx
+        fused_combine_kernel[(self.n_blocks,)](
+            self.part, self.inbox.local, out, ctx.heap.bases, self.flags.local, self.err, self.state, self.trace,
+            ctx.rank, self.R, self.n_splits, self.n_blocks, self.budget, WORLD=ctx.world, D=self.D,
+            BLOCK_R=self.cfg.block_r, DATA_SIGNAL=self.cfg.signal == "data", SENTINEL=SENTINEL_BITS, TRACE=traced,
+            INTERPRET=self.interp, num_warps=4)
 
     def _emulated_all_gather(self):
         ctx = self.ctx
@@ -341,32 +379,44 @@ class FlashDecode:
             self.gathered[r * n:(r + 1) * n].copy_(self._ex.peers[r])
         ctx.barrier()
 
-    def __call__(self, q, k, v, out):
-        if self.variant == "bsp" or (self.variant == "bsp-graph" and self.ctx.device.type != "cuda"):
-            return self._bsp(q, k, v, out)
-        if self.variant == "bsp-graph":
-            key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
-            g = self.graphs.get(key)
-            if g is None:
-                self._bsp(q, k, v, out)
-                torch.cuda.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    self._bsp(q, k, v, out)
-                self.graphs[key] = g
-            g.replay()
-            return out
-        ctx = self.ctx
-        self.epoch += 1
-        self.err.zero_()
-        self._split(q, k, v)
-        fused_combine_kernel[(self.n_blocks,)](
-            self.part, self.inbox.local, out, ctx.heap.bases, self.flags.local, self.err, ctx.rank, self.epoch,
-            self.R, self.n_splits, self.n_blocks, self.budget, WORLD=ctx.world, D=self.D, BLOCK_R=self.cfg.block_r,
-            DATA_SIGNAL=self.cfg.signal == "data", SENTINEL=SENTINEL_BITS, INTERPRET=self.interp, num_warps=4)
+    def phases(self, q, k, v, out, traced: bool = False) -> list[tuple[str, str, object]]:
+        """The eager steps as (name, role, thunk); running the thunks in order is one call."""
+        steps = [("split-kv", "compute", lambda: self._split(q, k, v))]
+        if self.fused:
+            return steps + [("fused-combine", "compute", lambda: self._fused_combine(out, traced))]
+        return steps + [("local-combine", "compute", self._local_combine),
+                        ("all-gather", "communication", self._all_gather),
+                        ("global-combine", "compute", lambda: self._global_combine(out))]
+
+    def _eager(self, q, k, v, out, traced=False):
+        for _, _, step in self.phases(q, k, v, out, traced):
+            step()
         return out
 
+    def __call__(self, q, k, v, out, traced: bool = False):
+        if not self.graphed:
+            return self._eager(q, k, v, out, traced)
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), traced)
+        g = self.graphs.get(key)
+        if g is None:  # one graph per input set: a graph replays fixed addresses
+            self._eager(q, k, v, out, traced)  # warm-up outside capture (also a real call: epochs stay in step)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self._eager(q, k, v, out, traced)
+            self.graphs[key] = g
+        g.replay()
+        return out
+
+    def cta_trace(self) -> list[tuple[int, int, int]]:
+        """The last traced call's fused combine, per program: (start ns, ns waiting for peers, end ns)."""
+        t = self.trace.view(-1, TRACE_WORDS.value).tolist()
+        return [tuple(row) for row in t]
+
     def check(self, what: str = "fused flash-decode combine") -> None:
-        if self.variant == "fused-push":
-            raise_if_timed_out(self.err, self.ctx.rank, what,
-                               lambda kind, i: f"rows block {i % self.n_blocks} from rank {i // self.n_blocks}")
+        if self.fused:
+            try:
+                raise_if_timed_out(self.err, self.ctx.rank, what,
+                                   lambda kind, i: f"rows block {i % self.n_blocks} from rank {i // self.n_blocks}")
+            finally:
+                self.err.zero_()

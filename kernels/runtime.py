@@ -16,7 +16,10 @@ Two backends give the arenas:
 
 `launch(fn, world, backend=...)` starts one process per rank, runs fn(ctx) in each, and returns the
 ranks' results. It never waits forever: a rank that raises, dies or overruns its time budget ends the
-whole run with one RankError line naming the rank and what it was doing.
+whole run with one RankError line naming the rank and what it was doing (its last `ctx.doing(...)`).
+Ranks never outlive the launcher: every exit path (error, Ctrl-C, the launcher itself killed) stops and
+reaps them, so no orphan keeps a GPU. Under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set) with the cuda
+backend, `launch` runs fn in the calling process as that rank instead (see `launch`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ import torch
 
 # Multicast objects can take a shared host's GPUs down: keep them off in every process we start.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+# A collective that fails or outlives the process group's timeout ends its process (3: tear down without
+# aborting the communicator, which can itself hang on a dead peer), so a dead peer ends the others.
+# Set only where the user has not chosen otherwise.
+NCCL_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+REAP_GRACE_S = 5.0  # how long a rank gets to exit after SIGTERM before SIGKILL
 ALIGN = 256  # bytes; TMA wants 16, 256 keeps every buffer on its own cache lines
 
 
@@ -133,7 +141,7 @@ class RankContext:
     def doing(self, what: str) -> None:
         """Say what this rank is doing, so a failure elsewhere can name it."""
         if self._doing is not None:
-            self._doing[self.rank] = what[:200]
+            self._doing[self.rank] = " ".join(str(what).split())[:200]  # it ends up inside one-line errors
 
 
 # ---- the launcher ---------------------------------------------------------------------------------
@@ -145,15 +153,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank, world, backend, fn, args, results, doing, port, arenas, barrier, scratch, heap_bytes, timeout_s):
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel SIGKILL this rank when the launcher dies, even by SIGKILL, so no orphan
+    rank keeps running (or keeps a GPU). Elsewhere a no-op."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the launcher died before the request above took effect
+        os._exit(1)
+
+
+def _rank_main(rank, world, backend, fn, args, results, doing, port, arenas, barrier, scratch, heap_bytes, timeout_s,
+               parent_pid):
     import faulthandler
 
+    _die_with_parent(parent_pid)
+    # Ctrl-C in a terminal reaches every process of the group: the launcher alone handles it (it stops and
+    # reaps the ranks), so a rank never dies half-way through a collective on its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(SAFE_ENV)
+    for k, v in NCCL_DEFAULTS.items():
+        os.environ.setdefault(k, v)
     # If this rank is still running near the launcher's deadline, show where it is stuck.
-    faulthandler.dump_traceback_later(max(1.0, timeout_s - 20), exit=False)
+    faulthandler.dump_traceback_later(max(0.9 * timeout_s, timeout_s - 20), exit=False)
     try:
         if backend == "cuda":
-            ctx = _cuda_context(rank, world, port, heap_bytes, timeout_s)
+            ctx = _cuda_context(rank, world, rank, heap_bytes, timeout_s, f"tcp://127.0.0.1:{port}")
         else:
             torch.set_num_threads(1)
             ctx = RankContext(rank, world, "emulated", SymmetricHeap(rank, world, arenas), torch.device("cpu"), barrier,
@@ -163,27 +192,39 @@ def _rank_main(rank, world, backend, fn, args, results, doing, port, arenas, bar
         results.put((rank, "ok", out))
     except BaseException as e:  # report every failure as one line, with the traceback for debugging
         tb = traceback.format_exc(limit=-8)
-        results.put((rank, "error", f"{type(e).__name__}: {e}".splitlines()[0][:500], tb))
+        results.put((rank, "error", _one_line(e), tb))
     finally:
+        faulthandler.cancel_dump_traceback_later()
         if backend == "cuda":
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                try:
-                    dist.destroy_process_group()
-                except Exception:
-                    pass
+            _end_process_group()
 
 
-def _cuda_context(rank, world, port, heap_bytes, timeout_s) -> RankContext:
+def _one_line(e: BaseException) -> str:
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    return text[:500]
+
+
+def _end_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # a broken group (dead peer) cannot always be torn down cleanly; the process ends anyway
+            pass
+
+
+def _cuda_context(rank, world, local_rank, heap_bytes, timeout_s, init_method) -> RankContext:
+    """Process group (NCCL, with a timeout: a collective a dead peer never joins ends within it) and the
+    symmetric heap on GPU `local_rank`."""
     import datetime
 
     import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
 
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    torch.cuda.set_device(local_rank)
+    dev = torch.device("cuda", local_rank)
+    dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s), device_id=dev)
     arena = symm_mem.empty(heap_bytes, dtype=torch.uint8, device=dev)
     handle = symm_mem.rendezvous(arena, group=dist.group.WORLD.group_name)
@@ -195,15 +236,30 @@ def launch(fn, world: int, *args, backend: str = "emulated", heap_bytes: int = 6
     """Run fn(ctx, *args) on `world` ranks, one process each; return [result of rank 0, 1, ...].
 
     emulated: forks (fn may be any function); the arenas are shared memory made here, before the fork.
-    cuda: spawns fresh interpreters (fn must be importable), one GPU per rank, NCCL and symmetric memory.
-    Raises RankError naming the first rank that failed, died or overran timeout_s."""
+    cuda: spawns fresh interpreters (fn must be importable), one GPU per rank, NCCL and symmetric memory;
+    the process group's timeout is timeout_s.
+    cuda under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set): no processes are started; this process is
+    rank RANK on GPU LOCAL_RANK, runs fn once, and every rank returns the same list of all ranks' results
+    (gathered, so results must be picklable). A rank whose fn raises raises RankError at once without
+    gathering; torchrun then stops the others. A rank still running after timeout_s dumps its stack and
+    exits with code 1.
+    Raises RankError naming the first rank that failed, died or overran timeout_s (a rank that died
+    without reporting is named before ranks that failed after it). Ctrl-C (KeyboardInterrupt) stops and
+    reaps every rank, then propagates."""
+    if backend == "cuda":
+        here = torchrun_rank()
+        if here is not None:
+            return _launch_here(fn, world, args, here, heap_bytes, timeout_s)
+    return _launch_processes(fn, world, args, backend, heap_bytes, timeout_s)
+
+
+def _launch_processes(fn, world, args, backend, heap_bytes, timeout_s):
     import multiprocessing as mp
 
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise RankError(f"world must be a positive whole number of ranks, not {world!r}")
     if backend == "cuda":
-        if not torch.cuda.is_available():
-            raise RankError("no CUDA GPU here: use backend='emulated' (Triton interpreter) instead")
-        if torch.cuda.device_count() < world:
-            raise RankError(f"{world} ranks need {world} GPUs; this machine has {torch.cuda.device_count()}")
+        _require_gpus(world, world)
         ctx_mp = mp.get_context("spawn")
         arenas, barrier, scratch = None, None, None
     elif backend == "emulated":
@@ -220,14 +276,13 @@ def launch(fn, world: int, *args, backend: str = "emulated", heap_bytes: int = 6
     doing = _SharedText(ctx_mp, world)
     port = _free_port()
     procs = [ctx_mp.Process(target=_rank_main, args=(r, world, backend, fn, args, results, doing, port, arenas, barrier,
-                                                     scratch, heap_bytes, timeout_s), daemon=True)
+                                                     scratch, heap_bytes, timeout_s, os.getpid()), daemon=True)
              for r in range(world)]
-    for p in procs:
-        p.start()
     out: dict[int, object] = {}
-    deadline = time.monotonic() + timeout_s
+    errors: dict[int, str] = {}  # rank -> its one-line error, in order of arrival
 
-    def take(wait_s: float) -> None:
+    def collect(wait_s: float) -> None:
+        """Move what the ranks reported into out/errors; wait up to wait_s for the first item."""
         try:
             item = results.get(timeout=wait_s)
         except queue.Empty:
@@ -237,37 +292,153 @@ def launch(fn, world: int, *args, backend: str = "emulated", heap_bytes: int = 6
             if status == "error":
                 if os.environ.get("TAXES_DEBUG"):
                     print(item[3])
-                raise RankError(f"rank {rank} failed while {doing.get(rank, 'starting')}: {item[2]}")
-            out[rank] = item[2]
+                errors.setdefault(rank, item[2])
+            else:
+                out[rank] = item[2]
             try:
                 item = results.get_nowait()
             except queue.Empty:
                 return
 
+    def silent_dead() -> list[int]:
+        return [r for r, p in enumerate(procs) if p.exitcode is not None and r not in out and r not in errors]
+
     try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
         while len(out) < world:
-            take(0.2)
-            dead = [r for r, p in enumerate(procs) if r not in out and p.exitcode is not None]
+            collect(0.2)
+            dead = silent_dead()
             if dead:
-                take(2.0)  # a rank that exited cleanly has flushed its result; collect it before judging
-                for r in dead:
-                    if r not in out:
-                        code = procs[r].exitcode
-                        how = f"signal {-code}" if code < 0 else f"exit code {code}"
-                        raise RankError(f"rank {r} died ({how}) while {doing.get(r, 'starting')}")
+                collect(2.0)  # a rank that exited after reporting has flushed its report: take it before judging
+                dead = silent_dead()
+            if dead:  # died without a word: the likeliest cause of whatever the others report
+                r = dead[0]
+                raise RankError(f"rank {r} died ({_exit_text(procs[r].exitcode)}) while {doing.get(r, 'starting')}; "
+                                f"the other ranks were stopped")
+            if errors:
+                r, line = next(iter(errors.items()))
+                raise RankError(f"rank {r} failed while {doing.get(r, 'starting')}: {line}")
             if time.monotonic() > deadline:
                 late = [r for r in range(world) if r not in out]
-                raise RankError(f"rank {late[0]} did not finish within {timeout_s:.0f} s (it was {doing.get(late[0], 'starting')})")
+                raise RankError(f"rank {late[0]} did not finish within {timeout_s:.0f} s (it was {doing.get(late[0], 'starting')}); "
+                                f"the ranks were stopped")
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)
-                p.join(5)
+        _reap(procs)
     return [out[r] for r in range(world)]
+
+
+def _exit_text(code: int) -> str:
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+def _reap(procs) -> None:
+    """Stop every rank still running (SIGTERM, then SIGKILL after REAP_GRACE_S) and wait for all of them,
+    so none is left behind; a second Ctrl-C does not interrupt this."""
+    import threading
+
+    shield = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN) if shield else None
+    try:
+        started = [p for p in procs if p.pid is not None]
+        for p in started:
+            if p.exitcode is None:
+                p.terminate()
+        deadline = time.monotonic() + REAP_GRACE_S
+        for p in started:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in started:
+            if p.exitcode is None:
+                p.kill()
+        for p in started:
+            p.join(REAP_GRACE_S)
+    finally:
+        if shield:
+            signal.signal(signal.SIGINT, old)
+
+
+def _require_gpus(world: int, need_index: int) -> None:
+    if not torch.cuda.is_available():
+        raise RankError("no CUDA GPU here: use backend='emulated' (Triton interpreter) instead")
+    if torch.cuda.device_count() < need_index:
+        raise RankError(f"{world} ranks need {need_index} GPUs on this host; this machine has {torch.cuda.device_count()}")
+
+
+# ---- torchrun: this process is one rank ----------------------------------------------------------
+
+
+def torchrun_rank() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank) when torchrun started this process (RANK, WORLD_SIZE and LOCAL_RANK
+    set), else None. Malformed values are a RankError."""
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    if not all(os.environ.get(k) for k in keys):
+        return None
+    try:
+        rank, size, local = (int(os.environ[k]) for k in keys)
+    except ValueError:
+        raise RankError("torchrun environment is malformed: " + ", ".join(f"{k}={os.environ[k]!r}" for k in keys)) from None
+    if size < 1 or not 0 <= rank < size or local < 0:
+        raise RankError("torchrun environment is inconsistent: " + ", ".join(f"{k}={os.environ[k]}" for k in keys))
+    return rank, size, local
+
+
+def _launch_here(fn, world, args, here, heap_bytes, timeout_s, make_context=None):
+    """launch() under torchrun: run fn as this process's rank; every rank returns every rank's result."""
+    rank, size, local = here
+    if size != world:
+        raise RankError(f"torchrun started {size} processes but this run asks for {world} ranks: "
+                        f"start it with torchrun --nproc-per-node {world}")
+    if make_context is None:
+        local_size = os.environ.get("LOCAL_WORLD_SIZE")
+        if local_size is not None and local_size != str(size):
+            raise RankError(f"rank {rank}: the {size} ranks span more than one host (LOCAL_WORLD_SIZE={local_size}); "
+                            f"symmetric memory needs every rank on one host")
+        _require_gpus(world, local + 1)
+        os.environ.update(SAFE_ENV)
+        for k, v in NCCL_DEFAULTS.items():
+            os.environ.setdefault(k, v)
+
+        def make_context():
+            return _cuda_context(rank, world, local, heap_bytes, timeout_s, "env://")
+
+    return _run_here(fn, args, rank, world, make_context, timeout_s)
+
+
+def _run_here(fn, args, rank, world, make_context, timeout_s):
+    """Build this rank's context, run fn, gather every rank's result. Bounded: past timeout_s the process
+    dumps its stack and exits (code 1), which the launcher of the ranks (torchrun) sees."""
+    import faulthandler
+
+    import torch.distributed as dist
+
+    doing: dict[int, str] = {}
+    faulthandler.dump_traceback_later(timeout_s, exit=True)
+    try:
+        try:
+            ctx = make_context()
+            ctx._doing = doing
+            result = fn(ctx, *args)
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)  # no kernel of ours still touches a peer's arena
+        except Exception as e:
+            raise RankError(f"rank {rank} failed while {doing.get(rank, 'starting')}: {_one_line(e)}") from e
+        doing[rank] = "gathering every rank's result"
+        gathered = [None] * world
+        try:
+            dist.all_gather_object(gathered, result)
+        except Exception as e:  # a peer failed (it raised RankError and left) or died
+            raise RankError(f"rank {rank} finished but could not gather the others' results (a peer failed or died): "
+                            f"{_one_line(e)}") from e
+        return gathered
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        _end_process_group()
 
 
 class _SharedText:

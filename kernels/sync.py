@@ -17,12 +17,14 @@ Error buffer (int32[8], zeroed per call): [0] 1 if a wait gave up, [1] flag kind
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 ERR_WORDS = 8
-FLAG_KINDS = {1: "data chunk", 2: "peer ready/free", 3: "payload (data as the signal)"}
+FLAG_KINDS = {1: "data chunk", 2: "peer ready/free", 3: "payload (data as the signal)", 4: "probe"}
 
 
 @triton.jit
@@ -107,4 +109,27 @@ def raise_if_timed_out(err: torch.Tensor, rank: int, what: str, describe=None) -
         kind = FLAG_KINDS.get(e[1], f"kind {e[1]}")
         where = describe(e[1], e[2]) if describe else f"index {e[2]}"
         raise FlagTimeout(f"rank {rank}: {what} gave up waiting for the {kind} flag ({where}) to reach {e[3]}; "
-                          f"it still read {e[4]} (program {e[5]}); a peer never sent it or died")
+                          f"it still read {e[4]} (program {e[5]}); a peer never sent it or died (if the peer is only "
+                          f"slow, give the kernel a larger wait_s)")
+
+
+# ---- the smallest bounded wait, for fault tests ---------------------------------------------------
+
+
+@triton.jit
+def wait_flag_kernel(flags_ptr, index, target, err_ptr, budget, SCOPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """One program waits until flags[index] >= target: wait_at_least with nothing around it."""
+    wait_at_least(flags_ptr + index, target, err_ptr, budget, 4, index, SCOPE, INTERPRET)
+
+
+def wait_for_flag(flags: torch.Tensor, index: int, target: int, rank: int, wait_s: float,
+                  what: str = "flag probe") -> None:
+    """Launch wait_flag_kernel on int32 `flags` and raise FlagTimeout if it gave up (after about wait_s).
+
+    Used by the fault tests and benchmarks/fault_flag.py to show that a flag nobody raises ends in a
+    host error naming the rank, the flag and the value waited for, not a hang."""
+    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    err = torch.zeros(ERR_WORDS, dtype=torch.int32, device=flags.device)
+    wait_flag_kernel[(1,)](flags, index, target, err, wait_budget(wait_s, interp), SCOPE="sys", INTERPRET=interp,
+                           num_warps=1)
+    raise_if_timed_out(err, rank, what)

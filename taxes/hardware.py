@@ -18,6 +18,7 @@ from taxes.errors import TaxesError
 
 PROFILE_SCHEMA = "taxes.hardware"
 PROFILE_VERSION = 1
+MAX_PROFILE_BYTES = 16 * 1024 * 1024  # a profile with calibration curves is tens of KiB; refuse more than this
 
 
 @dataclass(frozen=True)
@@ -151,47 +152,88 @@ def profile_dirs() -> list[Path]:
     return dirs
 
 
+def _bad(origin: str, what: str) -> TaxesError:
+    from taxes.results import one_line  # (results imports this module through the model)
+
+    return TaxesError(one_line(f"{origin}: {what}"))
+
+
+def _short(v) -> str:
+    """A value for an error message: short, one line, safe for any JSON value."""
+    try:
+        text = json.dumps(v) if not isinstance(v, str) else repr(v)
+    except (RecursionError, ValueError, TypeError):
+        text = f"a {type(v).__name__}"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _finite(v, high: float = 1e9) -> bool:
+    """A JSON number within [0, high] (ints compared exactly: math.isfinite(10**400) would raise)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return 0 <= v <= high if isinstance(v, int) else math.isfinite(v) and 0 <= v <= high
+
+
+def _depth(v) -> int:
+    """How deeply a JSON value nests (without recursion)."""
+    deepest, stack = 0, [(v, 0)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if isinstance(node, dict):
+            stack.extend((x, d + 1) for x in node.values())
+        elif isinstance(node, list):
+            stack.extend((x, d + 1) for x in node)
+    return deepest
+
+
 def profile_from_dict(d: dict, origin: str = "profile") -> HardwareProfile:
     """Validate a profile dictionary (from JSON); every problem is one TaxesError line."""
     if not isinstance(d, dict):
-        raise TaxesError(f"{origin}: a hardware profile must be a JSON object")
+        from taxes.results import json_type
+
+        raise _bad(origin, f"a hardware profile must be a JSON object, not {json_type(d)}")
     if d.get("schema", PROFILE_SCHEMA) != PROFILE_SCHEMA:
-        raise TaxesError(f"{origin}: not a hardware profile (schema {d.get('schema')!r})")
-    if d.get("schema_version", PROFILE_VERSION) != PROFILE_VERSION:
-        raise TaxesError(f"{origin}: hardware profile version {d.get('schema_version')!r} is not supported (this taxes reads version {PROFILE_VERSION})")
+        raise _bad(origin, f"not a hardware profile (schema {_short(d.get('schema'))})")
+    version = d.get("schema_version", PROFILE_VERSION)
+    if type(version) is not int or version != PROFILE_VERSION:
+        raise _bad(origin, f"hardware profile version {_short(version)} is not supported (this taxes reads version {PROFILE_VERSION})")
     names = {f.name for f in fields(HardwareProfile)}
     missing = sorted(names - set(d) - {"extra", "description", "source"})
     if missing:
-        raise TaxesError(f"{origin}: hardware profile lacks {missing[0]}")
+        raise _bad(origin, f"hardware profile lacks {missing[0]}")
     for key in ("name", "description", "source"):
         if key in d and not isinstance(d[key], str):
-            raise TaxesError(f"{origin}: {key} must be a string")
+            raise _bad(origin, f"{key} must be a string")
+        if key in d and (len(d[key]) > 200 or not d[key].isprintable()):
+            raise _bad(origin, f"{key} must be printable text of at most 200 characters")
     values = {}
     for name in _NUMBER_FIELDS:
         v = d[name]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or v > 1e9:
-            raise TaxesError(f"{origin}: {name}={v!r} must be a finite non-negative number")
+        if not _finite(v):
+            raise _bad(origin, f"{name}={_short(v)} must be a finite non-negative number (at most 1e9)")
         if name in _FRACTIONS and not 0 < v <= 1:
-            raise TaxesError(f"{origin}: {name}={v!r} must be a fraction in (0, 1]")
+            raise _bad(origin, f"{name}={_short(v)} must be a fraction in (0, 1]")
         values[name] = v
     if values["sm_count"] < 1 or int(values["sm_count"]) != values["sm_count"]:
-        raise TaxesError(f"{origin}: sm_count must be a positive whole number")
+        raise _bad(origin, "sm_count must be a positive whole number")
     for name in ("hbm_gbps", "peer_link_gbps", "injection_gbps"):
         if values[name] <= 0:
-            raise TaxesError(f"{origin}: {name} must be positive")
+            raise _bad(origin, f"{name} must be positive")
     tf = d["matrix_tflops"]
     if not isinstance(tf, dict) or not tf or not all(
-        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 < v < 1e9
-        for k, v in tf.items()
+        isinstance(k, str) and k.isprintable() and len(k) <= 40 and _finite(v) and v > 0 for k, v in tf.items()
     ):
-        raise TaxesError(f"{origin}: matrix_tflops must map dtype names to positive numbers")
+        raise _bad(origin, "matrix_tflops must map dtype names to positive numbers (at most 1e9)")
     extra = d.get("extra", {})
     if not isinstance(extra, dict):
-        raise TaxesError(f"{origin}: extra must be an object")
+        raise _bad(origin, "extra must be an object")
+    if _depth(extra) > 32:
+        raise _bad(origin, "extra is nested deeper than 32 levels")
     try:
         json.dumps(extra, allow_nan=False)
-    except (ValueError, TypeError):
-        raise TaxesError(f"{origin}: extra holds a value JSON cannot keep (a non-finite number?)") from None
+    except (ValueError, TypeError, RecursionError):
+        raise _bad(origin, "extra holds a value JSON cannot keep (a non-finite number, or nested too deeply?)") from None
     return HardwareProfile(
         name=d["name"] if isinstance(d["name"], str) and d["name"] else "unnamed",
         description=d.get("description", ""),
@@ -207,18 +249,30 @@ def profile_to_dict(profile: HardwareProfile) -> dict:
 
 
 def load_profile_file(path: str | Path) -> HardwareProfile:
+    """Read and validate a profile JSON file (at most MAX_PROFILE_BYTES, UTF-8, no NaN/Infinity)."""
     path = Path(path)
+    origin = f"hardware profile {path}"
     try:
-        text = path.read_bytes().decode("utf-8")
+        if path.is_dir():
+            raise _bad(origin, "cannot read it (a directory, not a profile file)")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_PROFILE_BYTES + 1)
     except OSError as e:
-        raise TaxesError(f"hardware profile {path}: cannot read it ({e.strerror or e})") from None
+        raise _bad(origin, f"cannot read it ({e.strerror or e})") from None
+    if len(raw) > MAX_PROFILE_BYTES:
+        raise _bad(origin, f"larger than {MAX_PROFILE_BYTES >> 20} MiB; not a hardware profile")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise TaxesError(f"hardware profile {path}: not a hardware profile (not UTF-8 text)") from None
+        raise _bad(origin, "not a hardware profile (not UTF-8 text)") from None
     try:
         data = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as e:
-        raise TaxesError(f"hardware profile {path}: not valid JSON ({str(e).splitlines()[0]})") from None
-    return profile_from_dict(data, origin=f"hardware profile {path}")
+    except RecursionError:
+        raise _bad(origin, "not valid JSON for a hardware profile (nested too deeply)") from None
+    except ValueError as e:  # also: integers of more than 4300 digits (Python's int_max_str_digits)
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise _bad(origin, f"not valid JSON ({why})") from None
+    return profile_from_dict(data, origin=origin)
 
 
 def _reject_constant(name: str):

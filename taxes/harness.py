@@ -8,6 +8,7 @@ Inputs rotate over several sets so a small problem is not served from L2.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import subprocess
 import time
@@ -15,27 +16,167 @@ import time
 import torch
 
 
-def time_iterations(ctx, run, input_sets: list, iters: int, warmup: int) -> list[float]:
+@contextlib.contextmanager
+def nvtx(name: str, on_gpu: bool):
+    """An NVTX range (Nsight Systems shows it); nothing without a GPU."""
+    if on_gpu:
+        torch.cuda.nvtx.range_push(name)
+    try:
+        yield
+    finally:
+        if on_gpu:
+            torch.cuda.nvtx.range_pop()
+
+
+def time_iterations(ctx, run, input_sets: list, iters: int, warmup: int, label: str = "") -> list[float]:
     """Run `run(*input_sets[i % n])` warmup + iters times; return this rank's iteration times in us."""
     on_gpu = ctx.device.type == "cuda"
     samples = []
+    if on_gpu:  # created (and their CUDA events made, by a first record) outside the timed region
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        end.record()
+        end.synchronize()
     for i in range(warmup + iters):
         args = input_sets[i % len(input_sets)]
         ctx.barrier()
-        if on_gpu:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run(*args)
-            end.record()
-            end.synchronize()
-            us = start.elapsed_time(end) * 1e3
-        else:
-            t0 = time.perf_counter()
-            run(*args)
-            us = (time.perf_counter() - t0) * 1e6
+        with nvtx(f"{label} iter {i}", on_gpu):
+            if on_gpu:
+                start.record()
+                run(*args)
+                end.record()
+                end.synchronize()
+                us = start.elapsed_time(end) * 1e3
+            else:
+                t0 = time.perf_counter()
+                run(*args)
+                us = (time.perf_counter() - t0) * 1e6
         if i >= warmup:
             samples.append(us)
     return samples
+
+
+class _HostClock:
+    """Stand-in for CUDA events without a GPU (emulated ranks: timings mean nothing there)."""
+
+    def __init__(self):
+        self.t = None
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_us(self, other) -> float:
+        return (other.t - self.t) * 1e6
+
+
+class _DeviceClock:
+    def __init__(self, external: bool = False):
+        self.ev = torch.cuda.Event(enable_timing=True, external=external)
+
+    def record(self):
+        self.ev.record()
+
+    def elapsed_us(self, other) -> float:
+        return self.ev.elapsed_time(other.ev) * 1e3
+
+
+def _capture_with_events(steps: list) -> tuple:
+    """One CUDA graph of the steps with a timing event node before and after each (external events are
+    recorded by the replay itself). The steps run once eagerly first (a real call, on every rank)."""
+    for _, _, thunk in steps:
+        thunk()
+    torch.cuda.synchronize()
+    marks = [(_DeviceClock(external=True), _DeviceClock(external=True)) for _ in steps]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for (_, _, thunk), (a, b) in zip(steps, marks):
+            a.record()
+            thunk()
+            b.record()
+    return g, steps, marks
+
+
+def _annotate(name: str, on: bool):
+    if not on:
+        return contextlib.nullcontext()
+    from torch.profiler import record_function
+
+    return record_function(name)
+
+
+def time_phases(ctx, phases_of, input_sets: list, iters: int, warmup: int, label: str = "",
+                after=None, graph: bool = False, annotate: bool = False) -> list[dict]:
+    """Per-phase timing: a device event before and after every phase of each iteration.
+
+    graph: the phases are captured (with their events) in one CUDA graph per input set and replayed.
+    annotate: each phase also runs inside a torch.profiler record_function "taxes:LABEL:PHASE:ITER", so a
+    profiler trace of the same iterations can be matched phase by phase (taxes.profile.profiler_check).
+
+    phases_of(*inputs) -> [(name, role, thunk)]; running the thunks in order is one call of the variant.
+    Returns this rank's iterations: {"e2e_us", "phases": [{"name", "role", "start_us", "end_us"}]} with
+    times from the iteration's start event; after(record) may add to each record (e.g. a kernel trace)."""
+    on_gpu = ctx.device.type == "cuda"
+    clock = _DeviceClock if on_gpu else _HostClock
+    graphs: dict[int, tuple] = {}
+    records = []
+    pool: list = []  # events reused across iterations (each iteration synchronises before the next)
+
+    def fresh(n: int) -> list:
+        while len(pool) < n:
+            c = clock()
+            c.record()  # the CUDA event is created on its first record: do that outside any timed region
+            pool.append(c)
+        return pool[:n]
+
+    for i in range(warmup + iters):
+        k = i % len(input_sets)
+        if graph and on_gpu:
+            if k not in graphs:
+                graphs[k] = _capture_with_events(phases_of(*input_sets[k]))
+            g, steps, marks = graphs[k]
+            start, end = fresh(2)
+        else:
+            steps = phases_of(*input_sets[k])
+            evs = fresh(2 + 2 * len(steps))
+            start, end = evs[0], evs[1]
+            marks = [(evs[2 + 2 * j], evs[3 + 2 * j]) for j in range(len(steps))]
+        if on_gpu:
+            torch.cuda.synchronize()
+        ctx.barrier()
+        with nvtx(f"{label} iter {i}", on_gpu):
+            start.record()
+            if graph and on_gpu:
+                g.replay()
+            else:
+                for (name, _, thunk), (a, b) in zip(steps, marks):
+                    with nvtx(name, on_gpu), _annotate(f"taxes:{label}:{name}:{i}", annotate):
+                        a.record()
+                        thunk()
+                        b.record()
+            end.record()
+        if on_gpu:
+            end.ev.synchronize()
+        rec = {"e2e_us": start.elapsed_us(end),
+               "phases": [{"name": name, "role": role, "start_us": start.elapsed_us(a), "end_us": start.elapsed_us(b)}
+                          for (name, role, _), (a, b) in zip(steps, marks)]}
+        if after is not None:
+            after(rec)
+        if i >= warmup:
+            records.append(rec)
+    return records
+
+
+def warm_clocks(ctx, seconds: float) -> None:
+    """Large matmuls for a while, so the first case is not timed on idle clocks (GPU only)."""
+    if ctx.device.type != "cuda" or seconds <= 0:
+        return
+    a = torch.randn(8192, 8192, device=ctx.device, dtype=torch.bfloat16)
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize()
+    del a
 
 
 def median(xs: list[float]) -> float:

@@ -21,6 +21,7 @@ stated rule) or predicted (the analytical model). Times are microseconds through
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import math
 import os
@@ -41,7 +42,14 @@ SCHEMA = "taxes.result"
 SCHEMA_VERSION = 1
 LABELS = ("measured", "derived", "predicted")
 ROLES = ("compute", "communication", "synchronisation")
+FLOOR_KEYS = ("compute_us", "hbm_us", "link_us", "ideal_us")  # what a variant's "floor" must hold
+# `taxes analyze` documents: one case per trace set, workload "trace", shape {"steps": n}
+TRACE_WORKLOAD = "trace"
+TRACE_DIMS = ("steps",)
 MAX_BYTES = 256 * 1024 * 1024  # refuse to parse result files larger than this
+MAX_DIM = 1 << 40  # largest shape dimension (as make_workload accepts)
+MAX_RANKS = 1 << 16  # largest world size or rank number a document may name
+MAX_DEPTH = 32  # deepest nesting a document may have (taxes writes 7 levels)
 
 
 # ---- metadata -------------------------------------------------------------------------------------
@@ -143,25 +151,50 @@ def model_document(predictions: list[list[Prediction]], hardware: str, world: in
 # ---- validation -----------------------------------------------------------------------------------
 
 
+def one_line(text: str, limit: int = 400) -> str:
+    """`text` as one printable line: control characters and line breaks (which a hostile file name or
+    key may hold) escaped, runs of spaces kept, long text cut."""
+    out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
+    return out if len(out) <= limit else out[:limit - 3] + "..."
+
+
 def _fail(origin: str, where: str, what: str):
-    raise TaxesError(f"{origin}: {where}: {what}")
+    raise TaxesError(one_line(f"{origin}: {where}: {what}"))
 
 
 def _number(v, origin, where, allow_none=False):
     if v is None and allow_none:
         return
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or abs(v) > 1e15:
+    # ints first: math.isfinite(10**400) raises OverflowError instead of answering
+    ok = not isinstance(v, bool) and (
+        (isinstance(v, int) and abs(v) <= 10 ** 15) or (isinstance(v, float) and math.isfinite(v) and abs(v) <= 1e15))
+    if not ok:
         _fail(origin, where, f"expected a finite number, found {_short(v)}")
 
 
+def _whole(v, origin, where, low: int, high: int, what: str = "a positive whole number"):
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        _fail(origin, where, f"expected {what} (at most {high}), found {_short(v)}")
+
+
 def _short(v) -> str:
-    text = json.dumps(v) if not isinstance(v, (str, bytes)) else repr(v)
+    try:
+        text = json.dumps(v) if not isinstance(v, (str, bytes)) else repr(v)
+    except (RecursionError, ValueError, TypeError):  # nested too deeply, an int too long to print, a non-JSON type
+        text = f"a {type(v).__name__}"
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def json_type(v) -> str:
+    """The JSON name of a parsed value's type, for messages."""
+    if v is None or isinstance(v, bool):
+        return json.dumps(v)
+    return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(type(v), type(v).__name__)
 
 
 def _obj(v, origin, where, keys=()):
     if not isinstance(v, dict):
-        _fail(origin, where, f"expected an object, found {type(v).__name__}")
+        _fail(origin, where, f"expected an object, found {json_type(v)}")
     for k in keys:
         if k not in v:
             _fail(origin, where, f"missing {k!r}")
@@ -170,16 +203,17 @@ def _obj(v, origin, where, keys=()):
 
 def _list(v, origin, where):
     if not isinstance(v, list):
-        _fail(origin, where, f"expected a list, found {type(v).__name__}")
+        _fail(origin, where, f"expected a list, found {json_type(v)}")
     return v
 
 
 def validate(doc, origin: str = "result") -> dict:
     """Check a document's structure and values; raise one TaxesError line naming the first problem."""
+    _check_depth(doc, origin)
     _obj(doc, origin, "document", ("schema", "schema_version", "metadata", "cases"))
     if doc["schema"] != SCHEMA:
         _fail(origin, "schema", f"not a taxes result document (schema {_short(doc['schema'])})")
-    if isinstance(doc["schema_version"], bool) or doc["schema_version"] != SCHEMA_VERSION:
+    if type(doc["schema_version"]) is not int or doc["schema_version"] != SCHEMA_VERSION:
         _fail(origin, "schema_version", f"version {_short(doc['schema_version'])} is not supported (this taxes reads version {SCHEMA_VERSION})")
     meta = _obj(doc["metadata"], origin, "metadata", ("kind", "tool_version", "world_size", "hardware_profile"))
     if meta["kind"] not in ("profile", "model"):
@@ -190,28 +224,43 @@ def validate(doc, origin: str = "result") -> dict:
     for key in ("git_commit", "date", "torch_version", "triton_version", "cuda_version", "nccl_version"):
         if meta.get(key) is not None and not isinstance(meta[key], str):
             _fail(origin, f"metadata.{key}", "expected a string or null")
-    if isinstance(meta["world_size"], bool) or not isinstance(meta["world_size"], int) or meta["world_size"] < 1:
-        _fail(origin, "metadata.world_size", "expected a positive whole number")
+    _whole(meta["world_size"], origin, "metadata.world_size", 1, MAX_RANKS)
     gpus = meta.get("gpu_names", [])
     if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
         _fail(origin, "metadata.gpu_names", "expected a list of strings")
     for i, case in enumerate(_list(doc["cases"], origin, "cases")):
         w = f"cases[{i}]"
         _obj(case, origin, w, ("workload", "shape", "world", "dtype", "variants"))
-        if not isinstance(case["workload"], str) or case["workload"] not in WORKLOADS:
+        from_trace = case["workload"] == TRACE_WORKLOAD and meta.get("source") == "trace"
+        if not isinstance(case["workload"], str) or (case["workload"] not in WORKLOADS and not from_trace):
             _fail(origin, f"{w}.workload", f"unknown workload {_short(case['workload'])}")
         shape = _obj(case["shape"], origin, f"{w}.shape")
+        dims = TRACE_DIMS if from_trace else WORKLOADS[case["workload"]].dims
         for k, v in shape.items():
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                _fail(origin, f"{w}.shape.{k}", f"expected a positive whole number, found {_short(v)}")
-        if isinstance(case["world"], bool) or not isinstance(case["world"], int) or case["world"] < 1:
-            _fail(origin, f"{w}.world", f"expected a positive whole number, found {_short(case['world'])}")
+            if k not in dims:
+                _fail(origin, f"{w}.shape", f"{case['workload']} has no dimension {_short(k)} (its dimensions: {', '.join(dims)})")
+            _whole(v, origin, f"{w}.shape.{k}", 1, MAX_DIM)
+        _whole(case["world"], origin, f"{w}.world", 1, MAX_RANKS)
         if not isinstance(case["dtype"], str):
             _fail(origin, f"{w}.dtype", "expected a string")
         for j, var in enumerate(_list(case["variants"], origin, f"{w}.variants")):
             _validate_variant(var, origin, f"{w}.variants[{j}]")
     _check_all_finite(doc, origin)
     return doc
+
+
+def _check_depth(doc, origin: str) -> None:
+    """Nothing nested deeper than MAX_DEPTH (taxes writes 7 levels): whatever later walks the document
+    recursively (copies, renderers, json.dumps) cannot run out of stack."""
+    stack = [(doc, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            _fail(origin, "document", f"nested deeper than {MAX_DEPTH} levels; not a result document")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
 
 
 def _check_all_finite(doc, origin: str) -> None:
@@ -242,8 +291,7 @@ def _validate_variant(var, origin, w):
     for k, ph in enumerate(_list(var["phases"], origin, f"{w}.phases")):
         p = f"{w}.phases[{k}]"
         _obj(ph, origin, p, ("rank", "name", "role", "start_us", "end_us", "label"))
-        if isinstance(ph["rank"], bool) or not isinstance(ph["rank"], int) or ph["rank"] < 0:
-            _fail(origin, f"{p}.rank", "expected a rank number")
+        _whole(ph["rank"], origin, f"{p}.rank", 0, MAX_RANKS, "a rank number")
         if ph["role"] not in ROLES:
             _fail(origin, f"{p}.role", f"must be one of {', '.join(ROLES)}")
         if ph["label"] not in LABELS:
@@ -261,18 +309,18 @@ def _validate_variant(var, origin, w):
         _obj(comp, origin, c, ("name", "rank", "value_us", "label"))
         if not isinstance(comp["name"], str):
             _fail(origin, f"{c}.name", "expected a component name")
-        if comp["rank"] is not None and (isinstance(comp["rank"], bool) or not isinstance(comp["rank"], int)):
-            _fail(origin, f"{c}.rank", "expected a rank number or null")
+        if comp["rank"] is not None:
+            _whole(comp["rank"], origin, f"{c}.rank", 0, MAX_RANKS, "a rank number or null")
         _number(comp["value_us"], origin, f"{c}.value_us")
         if comp["label"] not in LABELS:
             _fail(origin, f"{c}.label", f"must be one of {', '.join(LABELS)}")
     corr = _obj(var["correctness"], origin, f"{w}.correctness", ("checked",))
-    if not isinstance(corr["checked"], bool) or corr.get("passed") not in (True, False, None):
+    if not isinstance(corr["checked"], bool) or not (corr.get("passed") is None or isinstance(corr.get("passed"), bool)):
         _fail(origin, f"{w}.correctness", "checked and passed must be true/false")
     _number(corr.get("rel_error"), origin, f"{w}.correctness.rel_error", allow_none=True)
     _number(corr.get("tolerance"), origin, f"{w}.correctness.tolerance", allow_none=True)
     if "floor" in var:
-        for k, v in _obj(var["floor"], origin, f"{w}.floor").items():
+        for k, v in _obj(var["floor"], origin, f"{w}.floor", FLOOR_KEYS).items():
             _number(v, origin, f"{w}.floor.{k}")
     _obj(var.get("config", {}), origin, f"{w}.config")
 
@@ -285,27 +333,35 @@ def _reject_constant(name: str):
 
 
 def loads(text: str, origin: str = "result") -> dict:
+    """Parse and validate a document (JSON text; NaN, Infinity and over-deep nesting refused)."""
     try:
         doc = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
-        raise TaxesError(f"{origin}: not a result document (nested too deeply)") from None
-    except ValueError as e:
-        raise TaxesError(f"{origin}: not valid JSON ({str(e).splitlines()[0]})") from None
+        raise TaxesError(one_line(f"{origin}: not a result document (nested too deeply)")) from None
+    except ValueError as e:  # also: integers of more than 4300 digits (Python's int_max_str_digits)
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise TaxesError(one_line(f"{origin}: not valid JSON ({why})")) from None
     return validate(doc, origin)
 
 
 def load(path: str | Path) -> dict:
+    """Read and validate a result document file (at most MAX_BYTES, UTF-8)."""
     path = Path(path)
     try:
+        if path.is_dir():
+            raise TaxesError(one_line(f"{path}: cannot read it (a directory, not a result document)"))
         if path.stat().st_size > MAX_BYTES:
-            raise TaxesError(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a result document")
-        raw = path.read_bytes()
+            raise TaxesError(one_line(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a result document"))
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)  # a file that grew since stat() is still bounded
     except OSError as e:
-        raise TaxesError(f"{path}: cannot read it ({e.strerror or e})") from None
+        raise TaxesError(one_line(f"{path}: cannot read it ({e.strerror or e})")) from None
+    if len(raw) > MAX_BYTES:
+        raise TaxesError(one_line(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a result document"))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise TaxesError(f"{path}: not a result document (not UTF-8 text)") from None
+        raise TaxesError(one_line(f"{path}: not a result document (not UTF-8 text)")) from None
     return loads(text, str(path))
 
 
@@ -313,10 +369,15 @@ def dumps(doc: dict) -> str:
     return json.dumps(doc, indent=1, allow_nan=False) + "\n"
 
 
-def write_atomic(path: str | Path, data: str | bytes) -> None:
+def write_atomic(path: str | Path, data: str | bytes, overwrite: bool = True) -> None:
     """Write to a temporary file beside the target, then rename: readers see the old file or the whole
-    new one, never a part."""
+    new one, never a part (a run killed mid-write leaves the old file, and at most a stray
+    `.NAME.*.tmp` beside it). overwrite=False: raise FileExistsError if `path` exists, checked at the
+    moment the file is published (a hard link, which never replaces), so two runs cannot clobber each
+    other either."""
     path = Path(path)
+    if not overwrite and os.path.lexists(path):
+        raise FileExistsError(errno.EEXIST, "File exists", str(path))
     mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
@@ -331,7 +392,10 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            _publish_new(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -340,12 +404,57 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
         raise
 
 
-def save(doc: dict, path: str | Path) -> None:
+def _publish_new(tmp: str, path: Path) -> None:
+    """Give the finished temporary file its name only if that name is free."""
+    try:
+        os.link(tmp, path)  # fails with FileExistsError if path exists: no check-then-write race
+    except FileExistsError:
+        raise
+    except OSError:  # a filesystem without hard links: check, then rename (a narrow race remains)
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "File exists", str(path)) from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def write_error(path: str | Path, e: OSError) -> TaxesError:
+    """The one-line error for a failed write_atomic."""
+    if isinstance(e, FileExistsError):
+        return TaxesError(one_line(f"{path}: already exists; pass --force to replace it (or choose another name)"))
+    return TaxesError(one_line(f"{path}: cannot write it ({e.strerror or e})"))
+
+
+def save(doc: dict, path: str | Path, overwrite: bool = True) -> None:
+    """Validate and write a document atomically; overwrite=False refuses an existing file."""
     validate(doc, str(path))
     try:
-        write_atomic(path, dumps(doc))
+        write_atomic(path, dumps(doc), overwrite=overwrite)
     except OSError as e:
-        raise TaxesError(f"{path}: cannot write it ({e.strerror or e})") from None
+        raise write_error(path, e) from None
+
+
+def save_new(doc: dict, directory: str | Path, stem: str) -> Path:
+    """Add a document to a results directory without touching what is there: DIR/STEM.json, or
+    STEM-2.json, STEM-3.json, ... for the first free name (free at the moment of writing, so runs
+    appending at once each get their own file). Returns the path written."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise TaxesError(one_line(f"{directory}: not a directory; create it first"))
+    if not stem or "/" in stem or os.sep in stem or stem.startswith("."):
+        raise TaxesError(one_line(f"result name {stem!r}: give a plain file name without directories"))
+    validate(doc, str(directory / f"{stem}.json"))
+    text = dumps(doc)
+    for n in range(1, 10000):
+        path = directory / (f"{stem}.json" if n == 1 else f"{stem}-{n}.json")
+        try:
+            write_atomic(path, text, overwrite=False)
+            return path
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise write_error(path, e) from None
+    raise TaxesError(one_line(f"{directory}: 9999 results named {stem} already; choose another name"))
 
 
 # ---- pandas views ---------------------------------------------------------------------------------

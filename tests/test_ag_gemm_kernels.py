@@ -36,14 +36,21 @@ def _job(ctx, variant, cfg, M, N, K, dtype_name, seed, calls=2, wait_s=30.0):
     run = ag.make_variant(ctx, variant, M, N // p, K, dtype, cfg, wait_s=wait_s)
     ctx.barrier()
     errors = []
-    for _ in range(calls):
+    fused = isinstance(run, (ag.AgGemmFused, ag.AgGemmFusedGraph))
+    for i in range(calls):
         out.fill_(float("nan"))
-        res = run(a_full, w, out)
+        traced = fused and i == 1  # the instrumented build must compute the same
+        res = run(a_full, w, out, traced=True) if traced else run(a_full, w, out)
         if hasattr(run, "check"):
             run.check()
         ctx.barrier()
         ref = ag.reference([a_full.peers[j][j * rows:(j + 1) * rows] for j in range(p)], w)
         errors.append(ag.rel_error(res, ref))
+        if traced:  # every tile computed exactly once, by some CTA, and recorded against its source rank
+            tiles = sum(row["tiles"] for row in run.cta_trace_rows())
+            sources = [src for src, _ in run.tile_waits()]
+            assert tiles == len(sources) == (M // run.cfg.block_m) * -(-(N // p) // run.cfg.block_n), tiles
+            assert sorted(set(sources)) == list(range(p))
         ctx.barrier()
     return errors
 
@@ -53,6 +60,7 @@ CASES = [
     ("bsp-graph", SMALL),
     ("fused-pull", SMALL),
     ("fused-push", SMALL),
+    ("fused-push-graph", SMALL),
     ("fused-push", ag.replace(SMALL, producer="copy-engine")),
     ("fused-push", ag.replace(SMALL, static=True)),  # round-robin tiles, copiers do not join
     ("fused-pull", ag.replace(SMALL, copiers=1, split_epilogue=True, block_n=32)),  # one copier joins the GEMM

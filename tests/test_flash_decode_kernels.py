@@ -31,9 +31,9 @@ def _job(ctx, variant, signal, B, Hq, Hkv, D, S, dtype_name, calls=3, scale=1.0)
     run = fd.FlashDecode(ctx, B, Hq, Hkv, D, S, dtype, variant, fd.Config(block_n=16, signal=signal), wait_s=30)
     ctx.barrier()
     errors = []
-    for _ in range(calls):
+    for i in range(calls):
         out.fill_(float("nan"))
-        run(q, k.local, v.local, out)
+        run(q, k.local, v.local, out, traced=run.fused and i == 1)  # the traced build must agree too
         run.check()
         ctx.barrier()
         ref = fd.reference(q, k.peers, v.peers)
@@ -42,7 +42,8 @@ def _job(ctx, variant, signal, B, Hq, Hkv, D, S, dtype_name, calls=3, scale=1.0)
     return errors, run.n_splits
 
 
-CASES = [("bsp", "flag"), ("bsp-graph", "flag"), ("fused-push", "flag"), ("fused-push", "data")]
+CASES = [("bsp", "flag"), ("bsp-graph", "flag"), ("fused-push", "flag"), ("fused-push", "data"),
+         ("fused-push-graph", "flag")]
 
 
 @pytest.mark.slow

@@ -100,6 +100,52 @@ def timeline(case: dict) -> bytes:
     return _png(fig)
 
 
+def predicted_vs_measured(case: dict) -> bytes:
+    """Per variant, two bars: measured (stacked by component) and the model's prediction (stacked)."""
+    variants = [v for v in case["variants"] if v.get("prediction") and overall_components(v)]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.6 * max(1, len(variants)), 4.2))
+    for i, v in enumerate(variants):
+        for x, comps, hatch in ((i - 0.2, overall_components(v), None), (i + 0.2, v["prediction"]["components"], "//")):
+            bottom = 0.0
+            for comp in COMPONENTS:
+                val = comps.get(comp, 0.0)
+                if val > 0:
+                    ax.bar(x, val, 0.38, bottom=bottom, color=COLORS[comp], hatch=hatch, edgecolor="white", linewidth=0.3)
+                    bottom += val
+            ax.text(x, bottom, f"{bottom:.0f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(variants)), [f"{v['variant']}\nmeasured | predicted" for v in variants], fontsize=7)
+    ax.set_ylabel("time per iteration (us)")
+    ax.set_title(f"measured (left) and predicted (right, hatched): {case_title(case)}", fontsize=9)
+    handles = [Patch(facecolor=COLORS[c], label=COMPONENT_TITLES[c]) for c in COMPONENTS]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _png(fig)
+
+
+def cta_waits(case: dict) -> bytes:
+    """Fused variants' traced kernels, rank 0's last traced iteration: each CTA's active span (from the
+    earliest CTA start) with the share of it spent waiting on flags shaded red."""
+    panels = [(v["variant"], name, rows) for v in case["variants"] for name, rows in (v.get("cta_timeline") or {}).items()
+              if rows]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * max(1, len(panels)), 3.8), squeeze=False)
+    for ax, (variant, name, rows) in zip(axes[0], panels):
+        t0 = min(r[0] for r in rows)
+        for i, (start, end, wait) in enumerate(rows):
+            s, e = (start - t0) / 1e3, (end - t0) / 1e3
+            w = min(max(wait, 0) / 1e3, max(e - s, 0))
+            ax.broken_barh([(s, e - s)], (i - 0.4, 0.8), facecolors="#4C72B0", linewidth=0)
+            if w > 0:
+                ax.broken_barh([(s, w)], (i - 0.4, 0.8), facecolors=COLORS["sync_wait"], linewidth=0)
+        ax.set_title(f"{variant}: {name} ({len(rows)} CTAs)", fontsize=8)
+        ax.set_xlabel("us from the first CTA's start", fontsize=8)
+        ax.set_ylabel("CTA", fontsize=8)
+        ax.invert_yaxis()
+    handles = [Patch(facecolor="#4C72B0", label="active"),
+               Patch(facecolor=COLORS["sync_wait"], label="waiting on flags (total, drawn first)")]
+    axes[0][-1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(case_title(case), fontsize=9)
+    return _png(fig)
+
+
 TAX_COLORS = {"bulk-synchronous": "#C44E52", "data-locality": "#8172B3", "kernel-launch": "#DA8BC3"}
 
 

@@ -7,7 +7,7 @@ import html
 import json
 
 from taxes.model import COMPONENT_TITLES, COMPONENTS, TAXES
-from taxes.reports.plots import case_title, overall_components, stacked_bars, timeline
+from taxes.reports.plots import case_title, cta_waits, overall_components, predicted_vs_measured, stacked_bars, timeline
 
 LABEL_MARK = {"measured": "m", "derived": "d", "predicted": "p"}
 LEGEND = "labels: m measured, d derived, p predicted; times in us per iteration"
@@ -49,6 +49,25 @@ def case_rows(case: dict) -> tuple[list[str], list[list[str]]]:
             oc = overall_components(v)
             cells.append(_fmt(sum(oc[p] for p in parts)) if all(p in oc for p in parts) else "-")
         rows.append([f"= {tax} tax"] + cells)
+    if any(v.get("prediction") for v in variants):
+        def pred_cell(v):
+            pr, med = v.get("prediction"), v["e2e_us"]["median"]
+            if not pr:
+                return "-"
+            err = f" ({100 * (pr['e2e_us'] - med) / med:+.0f}%)" if med else ""
+            return f"{_fmt(pr['e2e_us'])} p{err}"
+        rows.append(["model E2E (error)"] + [pred_cell(v) for v in variants])
+    if any(v.get("attribution") for v in variants):
+        def instr_cell(v):
+            a, med = v.get("attribution") or {}, v["e2e_us"]["median"]
+            if not a.get("instrumented_e2e_us") or not med:
+                return "-"
+            return f"{_fmt(a['instrumented_e2e_us'])} ({100 * (a['instrumented_e2e_us'] / med - 1):+.1f}%)"
+        rows.append(["instrumented E2E (vs plain)"] + [instr_cell(v) for v in variants])
+        if any((v.get("attribution") or {}).get("cta_wait_share") is not None for v in variants):
+            rows.append(["CTA time waiting (traced)"] + [
+                f"{100 * v['attribution']['cta_wait_share']:.1f}%"
+                if (v.get("attribution") or {}).get("cta_wait_share") is not None else "-" for v in variants])
     if base:
         rows.append(["speed-up vs bsp"] + [
             f"{base / v['e2e_us']['median']:.2f}x" if v["e2e_us"]["median"] else "-" for v in variants])
@@ -84,6 +103,19 @@ def per_rank_rows(case: dict) -> tuple[list[str], list[list[str]]] | None:
     if not rows:
         return None
     return ["variant", "rank"] + [COMPONENT_TITLES[c] for c in COMPONENTS], rows
+
+
+def ladder_rows(case: dict) -> tuple[list[str], list[list[str]]] | None:
+    """The ablation ladder beside the timeline: two measures of the launch tax that should agree."""
+    lad = (case.get("extra") or {}).get("ladder") or {}
+    if "launch_us" not in lad:
+        return None
+    rows = [["launch tax: E2E(bsp) - E2E(bsp-graph) (derived)", _fmt(lad["launch_us"])]]
+    if lad.get("bsp_timeline_launch_us") is not None:
+        rows.append(["launch tax: bsp idle between phases (measured)", _fmt(lad["bsp_timeline_launch_us"])])
+    if "bsync_and_locality_us" in lad:
+        rows.append([f"E2E(bsp-graph) - E2E({lad['best_fused']}) (derived)", _fmt(lad["bsync_and_locality_us"])])
+    return ["ablation ladder", "us"], rows
 
 
 def _meta_line(doc: dict) -> str:
@@ -130,6 +162,9 @@ def render_markdown(doc: dict) -> str:
         fr = floor_rows(case)
         if fr:
             out += [md_table(*fr), ""]
+        lr = ladder_rows(case)
+        if lr:
+            out += [md_table(*lr), ""]
         pr = per_rank_rows(case)
         if pr:
             out += ["Per rank:", "", md_table(*pr), ""]
@@ -195,12 +230,19 @@ def render_html(doc: dict) -> str:
         fr = floor_rows(case)
         if fr:
             parts.append(_html_table(*fr))
+        lr = ladder_rows(case)
+        if lr:
+            parts.append(_html_table(*lr))
         pr = per_rank_rows(case)
         if pr:
             parts.append("<h3>Per rank</h3>" + _html_table(*pr))
         if any(overall_components(v) for v in case["variants"]):
             parts.append(_img(stacked_bars(case), f"components per variant: {title}"))
+        if any(v.get("prediction") and overall_components(v) for v in case["variants"]):
+            parts.append(_img(predicted_vs_measured(case), f"predicted against measured: {title}"))
         if any(v["phases"] for v in case["variants"]):
             parts.append(_img(timeline(case), f"per-rank timeline: {title}"))
+        if any(v.get("cta_timeline") for v in case["variants"]):
+            parts.append(_img(cta_waits(case), f"fused kernels, per CTA: {title}"))
     parts.append("</body></html>")
     return "\n".join(parts)

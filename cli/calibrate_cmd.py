@@ -1,0 +1,91 @@
+"""`taxes calibrate`: measure this machine's hardware figures and save them as a hardware profile.
+
+Registered in cli/main.py with `cli.add_command(calibrate)`. The measuring is in taxes/calibrate.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from taxes.errors import TaxesError
+
+
+def _check_options(gpus, output, timeout_s, name, base_name):
+    """Everything that can be refused before touching a GPU."""
+    from taxes.calibrate import check_profile_name
+    from taxes.hardware import get_profile
+
+    if gpus is not None and gpus < 1:
+        raise TaxesError(f"--gpus {gpus}: give 1 or more")
+    if timeout_s is not None and not timeout_s > 0:
+        raise TaxesError(f"--timeout-s {timeout_s}: give a positive number of seconds")
+    if output:
+        if not output.lower().endswith(".json"):
+            raise TaxesError(f"-o {output}: a profile is a JSON file; name it *.json")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
+            raise TaxesError(f"-o {output}: its directory does not exist")
+    if name is not None:
+        check_profile_name(name)
+    return get_profile(base_name) if base_name else None
+
+
+@click.command("calibrate")
+@click.option("--gpus", type=int, default=None,
+              help="GPUs to calibrate on (default: all visible). Link and collective figures need 2 or more; "
+                   "with 1 they are kept from the base profile and marked so.")
+@click.option("--base", "base_name", default=None,
+              help="Profile whose figures are kept where nothing is measured (default: by GPU name, else h200-sxm).")
+@click.option("--name", default=None, help="Name of the new profile (default: BASE-calibrated).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write the profile JSON here (default: NAME.json in the saved-profile directory, loadable by name).")
+@click.option("--quick", is_flag=True, help="Fewer sizes and repetitions: under a minute.")
+@click.option("--peaks", type=click.Choice(("measured", "datasheet")), default="measured", show_default=True,
+              help="measured: peaks are the best rates reached here and efficiencies fractions of them (METHOD.md); "
+                   "datasheet: the base profile's peaks, efficiencies fractions of those.")
+@click.option("--timeout-s", type=float, default=None, help="Stop the run after this long (default: 300, --quick 150).")
+def calibrate(gpus, base_name, name, output, quick, peaks, timeout_s):
+    """Measure this machine's hardware profile (matrix peak, HBM and link bandwidth, link latency, NCCL's
+    curve, launch costs, flag round trip, rank skew) and save it for `taxes model --hardware NAME`."""
+    base = _check_options(gpus, output, timeout_s, name, base_name)
+    from taxes import calibrate as cal
+
+    count = cal.cuda_gpu_count()
+    if count < 1:
+        raise TaxesError(cal.NO_GPU)
+    world = gpus or count
+    if world > count:
+        raise TaxesError(f"--gpus {world}: this machine has {count} CUDA GPU{'s' if count != 1 else ''}")
+    names = cal.cuda_gpu_names(world)
+    base = base or cal.base_for_gpu(names[0])
+    name = name or f"{base.name}-calibrated"
+    cal.check_profile_name(name)
+
+    _say(f"taxes calibrate on {cal.gpu_summary(names)}{' (quick)' if quick else ''}, base {base.name}: "
+         f"this takes {'under a minute' if quick else 'two to three minutes'}")
+    if world == 1:
+        _say("one GPU: link, collective, flag and skew figures are kept from the base profile")
+    profile, raw = cal.run_calibration(world, base, quick, name, peaks, timeout_s or (150.0 if quick else 300.0))
+    path = cal.save_profile(profile, output)
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    from taxes.cli.main import _stdout_console
+
+    t = Table(title=escape(f"{profile.name}: {profile.source}"), title_style="bold")
+    for h, j in (("figure", "left"), (base.name, "right"), ("calibrated", "right"), ("how", "left")):
+        t.add_column(escape(h), justify=j)
+    for row in cal.summary_rows(profile, base):
+        t.add_row(*(escape(c) for c in row))  # reasons can hold error text with [brackets]
+    _stdout_console().print(t)
+    for line in cal.failure_lines(raw):
+        _say(f"taxes: calibrate: {line}; its figures keep {base.name}'s values")
+    use = str(path) if output else profile.name
+    _say(f"wrote {path}; use it with: taxes model WORKLOAD --hardware {use}")
+
+
+def _say(line: str) -> None:
+    """One line on stderr (never wrapped: each message stays one line for scripts and logs)."""
+    click.echo(" ".join(line.split()), err=True)

@@ -1,0 +1,224 @@
+"""`taxes profile` and `taxes validate`: measure on this node's GPUs (or check the kernels on the CPU)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import click
+
+from taxes.errors import TaxesError
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def _under_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def _preflight(gpus: int, emulate: bool) -> int:
+    """The world size to run with, or a one-line error saying what is missing and what to do instead."""
+    if emulate:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        return gpus
+    if _under_torchrun():
+        return int(os.environ["WORLD_SIZE"])
+    have = _gpu_count()
+    if have == 0:
+        raise TaxesError("profile: no CUDA GPU on this machine; use `taxes model` for predictions, or --emulate "
+                         "to check the kernels under Triton's interpreter (its timings mean nothing)")
+    if have < gpus:
+        raise TaxesError(f"profile: --gpus {gpus} asked for, this machine has {have}; use --gpus {have}, "
+                         f"`taxes model --world {gpus}`, or --emulate")
+    try:
+        from taxes.preflight import check_gpus
+    except ImportError:
+        return gpus
+    check_gpus(gpus)
+    return gpus
+
+
+def _write(doc: dict, output: str | None, force: bool) -> str | None:
+    """Write the document: a file (refused if it exists, unless force), or a new file in a directory."""
+    from taxes.results import save, save_new
+
+    if output is None:
+        return None
+    if os.path.isdir(output):  # a results directory: add a new file, never overwrite one
+        case = doc["cases"][0]
+        stem = f"{case['workload']}_" + "_".join(f"{k}{v}" for k, v in case["shape"].items()) + f"_w{case['world']}"
+        stem += f"_and_{len(doc['cases']) - 1}_more" if len(doc["cases"]) > 1 else ""
+        return str(save_new(doc, output, stem))
+    try:
+        save(doc, output, overwrite=force)
+    except FileExistsError:
+        raise TaxesError(f"{output}: already exists; pass --force to replace it (or -o a directory)") from None
+    return output
+
+
+@click.command("profile")
+@click.argument("workload")
+@click.option("--gpus", type=int, default=2, show_default=True, help="ranks, one per GPU (torchrun's WORLD_SIZE wins)")
+@click.option("--shape", "shapes", multiple=True, help="e.g. M=8192,N=8192,K=8192 (repeat for several cases; "
+              "defaults per workload)")
+@click.option("--dtype", default="bf16", show_default=True)
+@click.option("--variants", default="", help="comma-separated (default: every variant of the workload)")
+@click.option("--iters", type=int, default=30, show_default=True)
+@click.option("--warmup", type=int, default=5, show_default=True)
+@click.option("--hardware", "hardware_name", default="h200-sxm", show_default=True,
+              help="profile for the floor and the model: a built-in, a saved calibration, or a JSON path")
+@click.option("--emulate", is_flag=True, help="CPU: run the kernels under Triton's interpreter (logic only)")
+@click.option("--trace", "trace_dir", default=None, help="also write a torch.profiler Chrome trace per rank here")
+@click.option("--wait-s", type=float, default=5.0, show_default=True, help="budget of every in-kernel wait")
+@click.option("--timeout-s", type=float, default=600.0, show_default=True, help="the whole run's time limit")
+@click.option("--config", "config_text", default="", help="fused kernels' configuration overrides, e.g. block_n=128,copiers=16")
+@click.option("-o", "--output", default=None, help="result document path, or a directory to add a new one to")
+@click.option("--force", is_flag=True, help="overwrite an existing -o file")
+@click.option("--format", "fmt", type=click.Choice(["table", "md", "json", "html"]), default="table", show_default=True)
+def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, hardware_name, emulate, trace_dir, wait_s,
+                timeout_s, config_text, output, force, fmt):
+    """Run every variant of WORKLOAD on this node's GPUs and split each one's time into the three taxes."""
+    from taxes.hardware import get_profile
+    from taxes.profile import plan, run_profile
+
+    if output and os.path.exists(output) and not os.path.isdir(output) and not force:
+        raise TaxesError(f"{output}: already exists; pass --force to replace it (or -o a directory)")
+    hw = get_profile(hardware_name)
+    config = parse_config(config_text)
+    if not emulate:
+        gpus = _preflight(gpus, emulate)
+    job = plan(workload, list(shapes) or None, gpus, [v for v in variants.split(",") if v] or None, dtype, iters,
+               warmup, emulate, trace_dir, wait_s, True, config)
+    if emulate:
+        _preflight(gpus, emulate)
+        click.echo("taxes: --emulate runs the kernels under Triton's interpreter: correctness only, "
+                   "its timings mean nothing", err=True)
+    doc = run_profile(job, hw, emulate, timeout_s)
+    if doc is None:  # a torchrun rank other than 0
+        return
+    path = _write(doc, output, force)
+    _render(doc, fmt)
+    if path:
+        click.echo(f"wrote {path}", err=True)
+    failed = [v for c in doc["cases"] for v in c["variants"] if not v["correctness"].get("passed")]
+    if failed:
+        raise TaxesError(f"profile: {len(failed)} variant(s) failed: "
+                         + "; ".join(f"{v['variant']}: {v['config'].get('error', 'wrong result')}" for v in failed))
+
+
+def parse_config(text: str) -> dict:
+    """'block_n=128,producer=ctas' -> {"block_n": 128, "producer": "ctas"} (whole numbers become ints)."""
+    out = {}
+    for item in (x for x in text.split(",") if x.strip()):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise TaxesError(f"--config: {item!r} is not key=value")
+        value = value.strip()
+        out[key.strip()] = int(value) if value.lstrip("-").isdigit() else {"true": True, "false": False}.get(value, value)
+    return out
+
+
+def _render(doc: dict, fmt: str) -> None:
+    from rich.console import Console
+
+    from taxes.reports import render
+
+    if fmt == "table":
+        render.render_terminal(doc, Console(file=sys.stdout))
+    elif fmt == "md":
+        click.echo(render.render_markdown(doc))
+    elif fmt == "json":
+        click.echo(render.render_json(doc))
+    else:
+        sys.stdout.write(render.render_html(doc))
+
+
+# ---- validate -------------------------------------------------------------------------------------
+
+VALIDATE_GRID = {
+    "ag-gemm": ["M=1024,N=8192,K=8192", "M=4096,N=8192,K=8192", "M=8192,N=8192,K=8192", "M=4096,N=28672,K=8192"],
+    "flash-decode": ["B=1,S=8192", "B=1,S=32768", "B=16,S=32768", "B=64,S=8192"],
+}
+
+
+def validation_rows(docs: list[dict]) -> list[dict]:
+    """Per case and variant: predicted and measured E2E and each tax, with signed errors (percent of measured)."""
+    from taxes.model import TAXES
+
+    rows = []
+    for doc in docs:
+        for case in doc["cases"]:
+            for v in case["variants"]:
+                pred = v.get("prediction")
+                med = v["e2e_us"]["median"]
+                if not pred or med is None:
+                    continue
+                overall = {c["name"]: c["value_us"] for c in v["components"] if c["rank"] is None}
+                row = {"workload": case["workload"], "shape": ",".join(f"{k}={x}" for k, x in case["shape"].items()),
+                       "variant": v["variant"], "measured_e2e_us": med, "predicted_e2e_us": pred["e2e_us"],
+                       "e2e_error_pct": 100 * (pred["e2e_us"] - med) / med}
+                for tax, parts in TAXES.items():
+                    if overall:
+                        row[f"measured_{tax}_us"] = math.fsum(overall.get(c, 0.0) for c in parts)
+                    row[f"predicted_{tax}_us"] = math.fsum(pred["components"].get(c, 0.0) for c in parts)
+                rows.append(row)
+    return rows
+
+
+@click.command("validate")
+@click.option("--workloads", default="ag-gemm,flash-decode", show_default=True)
+@click.option("--gpus", type=int, default=2, show_default=True)
+@click.option("--hardware", "hardware_name", default="h200-sxm", show_default=True)
+@click.option("--iters", type=int, default=20, show_default=True)
+@click.option("--emulate", is_flag=True)
+@click.option("--from", "from_docs", multiple=True, help="validate existing result documents instead of running")
+@click.option("-o", "--output", default=None, help="directory for the result documents and validation.json")
+@click.option("--timeout-s", type=float, default=560.0, show_default=True)
+def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, output, timeout_s):
+    """Predicted against measured E2E and taxes over a grid of shapes: signed error per case, then MAPE."""
+    import json
+
+    from taxes.hardware import get_profile
+    from taxes.profile import profile, reattribute
+    from taxes.results import load, write_atomic
+
+    hw = get_profile(hardware_name)
+    docs = [reattribute(load(p), hw) for p in from_docs]  # the same measurements, floors from this profile
+    if not docs:
+        world = _preflight(gpus, emulate)
+        for wl in [w for w in workloads.split(",") if w]:
+            if wl not in VALIDATE_GRID:
+                raise TaxesError(f"validate: no grid for workload {wl!r} (have {', '.join(VALIDATE_GRID)})")
+            for shape in VALIDATE_GRID[wl] if not emulate else VALIDATE_GRID[wl][:1]:
+                res = profile(wl, shape, world, None, "bf16", iters, 3, emulate, hw, timeout_s=timeout_s, progress=True)
+                if res.document is None:
+                    continue
+                docs.append(res.document)
+                if output:
+                    os.makedirs(output, exist_ok=True)
+                    _write(res.document, output, False)
+    if not docs:
+        return
+    rows = validation_rows(docs)
+    if not rows:
+        raise TaxesError("validate: no variant with both a prediction and a measurement")
+    errs = [abs(r["e2e_error_pct"]) for r in rows]
+    worst = max(rows, key=lambda r: abs(r["e2e_error_pct"]))
+    click.echo(f"{'workload':<13}{'shape':<34}{'variant':<18}{'measured':>10}{'predicted':>10}{'error':>8}")
+    for r in rows:
+        click.echo(f"{r['workload']:<13}{r['shape']:<34}{r['variant']:<18}{r['measured_e2e_us']:>10.1f}"
+                   f"{r['predicted_e2e_us']:>10.1f}{r['e2e_error_pct']:>+7.1f}%")
+    summary = {"hardware": hw.name, "cases": len(rows), "e2e_mape_pct": sum(errs) / len(errs),
+               "worst": {k: worst[k] for k in ("workload", "shape", "variant", "e2e_error_pct")}, "rows": rows}
+    click.echo(f"E2E mean absolute percentage error {summary['e2e_mape_pct']:.1f}% over {len(rows)} cases; worst "
+               f"{worst['variant']} {worst['shape']} ({worst['e2e_error_pct']:+.1f}%)")
+    if output:
+        write_atomic(os.path.join(output, "validation.json"), json.dumps(summary, indent=1))

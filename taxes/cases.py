@@ -1,0 +1,134 @@
+"""What `taxes profile` runs for each workload: inputs, the float32 reference, and the variants.
+
+One function per workload returns a Case: input sets (rotated so small problems are not served from
+L2), a reference of the first set, and build(variant) -> a runner with `phases(*inputs, traced=...)`
+(the eager steps, for per-phase timing) and, for fused variants, a per-CTA trace of the last traced
+call. Inputs are random; outputs are poisoned with NaN before the checked run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from taxes.workloads import AgGemm, FlashDecode, Workload
+
+L2_BYTES = 60 << 20  # H100/H200 L2 is 50-60 MiB: three times that rotates out of it
+TOLERANCE = 1e-2
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+VARIANTS = {
+    "ag-gemm": ("bsp", "bsp-graph", "fused-pull", "fused-push", "fused-push-graph", "torch-async-tp"),
+    "flash-decode": ("bsp", "bsp-graph", "fused-push", "fused-push-graph"),
+}
+# the model variant whose prediction (and intermediate bytes) a measured variant is compared with
+MODEL_OF = {"bsp": "bsp", "bsp-graph": "bsp-graph", "fused-pull": "fused-pull", "fused-push": "fused-push",
+            "fused-push-graph": "fused-push"}
+
+
+@dataclass
+class Case:
+    inputs: list[tuple]  # input sets; run(*inputs[i]) writes the set's last tensor (the output)
+    reference: torch.Tensor  # float32, of inputs[0]
+    build: object  # build(variant) -> runner
+    extra: dict  # facts worth recording (splits, input sets, bytes per set)
+
+
+def _sets_for(bytes_per_set: float, on_gpu: bool) -> int:
+    return max(1, min(4, math.ceil(3 * L2_BYTES / max(bytes_per_set, 1)))) if on_gpu else 1
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref||; a NaN left in the (poisoned) output gives inf."""
+    diff = (out.float() - ref).norm().item()
+    return diff / max(ref.norm().item(), 1e-30) if math.isfinite(diff) else math.inf
+
+
+def ag_gemm_case(ctx, w: AgGemm, wait_s: float, config_overrides: dict | None = None) -> Case:
+    from taxes.kernels import ag_gemm as ag
+
+    dtype = TORCH_DTYPES[w.dtype]
+    M, N_local, K, p = w.M, w.N // w.world, w.K, w.world
+    rows = M // p
+    n_sets = _sets_for((M * K + K * N_local + M * N_local) * w.elt, ctx.device.type == "cuda")
+    sets = []
+    for s in range(n_sets):
+        g = torch.Generator(device=ctx.device).manual_seed(1000 * s + 10 * ctx.rank + M + N_local + K)
+        a_full = ctx.heap.alloc((M, K), dtype)
+        a_full.local.fill_(float("nan"))  # peer rows are workspace, poisoned until a variant fills them
+        a_full.local[ctx.rank * rows:(ctx.rank + 1) * rows] = torch.randn(rows, K, generator=g, device=ctx.device).to(dtype)
+        wl = (torch.randn(K, N_local, generator=g, device=ctx.device) / K ** 0.5).to(dtype)
+        sets.append((a_full, wl, torch.empty(M, N_local, dtype=dtype, device=ctx.device)))
+    ctx.barrier()
+    a0, w0, _ = sets[0]
+    ref = ag.reference([a0.peers[r][r * rows:(r + 1) * rows] for r in range(p)], w0)
+
+    def build(variant: str):
+        cfg = None
+        if variant.startswith("fused"):
+            cfg = ag.tuned_config(M, w.N, K, p, variant)
+            if config_overrides:
+                cfg = replace(cfg, **config_overrides)
+        return ag.make_variant(ctx, variant, M, N_local, K, dtype, cfg, wait_s=wait_s)
+
+    return Case(sets, ref, build, {"input_sets": n_sets})
+
+
+def flash_decode_case(ctx, w: FlashDecode, wait_s: float, config_overrides: dict | None = None) -> Case:
+    from taxes.kernels import flash_decode as fd
+
+    dtype = TORCH_DTYPES[w.dtype]
+    B, Hq, Hkv, D, S = w.B, w.Hq, w.Hkv, w.D, w.S
+    n_sets = _sets_for(w.kv_bytes(), ctx.device.type == "cuda")
+    q = torch.randn(B, Hq, D, generator=torch.Generator(device=ctx.device).manual_seed(B + S),
+                    device=ctx.device).to(dtype)  # replicated: the same seed on every rank
+    sets = []
+    for s in range(n_sets):
+        g = torch.Generator(device=ctx.device).manual_seed(1000 * ctx.rank + s + S)
+        k = torch.randn(B, Hkv, S, D, generator=g, device=ctx.device).to(dtype)
+        v = torch.randn(B, Hkv, S, D, generator=g, device=ctx.device).to(dtype)
+        sets.append((q, k, v, torch.empty(B, Hq, D, dtype=dtype, device=ctx.device)))
+    o, lse = fd.attention_partial_f32(q, sets[0][1], sets[0][2])
+    packed = torch.cat([o, lse[..., None]], dim=-1).contiguous()
+    every = _gather(ctx, packed)
+    ref = fd.merge_partials_f32(every[..., :-1], every[..., -1])
+    cfg = fd.Config(**(config_overrides or {}))
+
+    def build(variant: str):
+        return fd.FlashDecode(ctx, B, Hq, Hkv, D, S, dtype, variant, cfg, wait_s)
+
+    return Case(sets, ref, build, {"input_sets": n_sets, "kv_bytes": w.kv_bytes()})
+
+
+def _gather(ctx, t: torch.Tensor) -> torch.Tensor:
+    """Every rank's t stacked (NCCL on GPUs; the symmetric heap when emulated)."""
+    if ctx.backend == "cuda":
+        import torch.distributed as dist
+
+        out = torch.empty((ctx.world,) + tuple(t.shape), dtype=t.dtype, device=t.device)
+        dist.all_gather_into_tensor(out, t)
+        return out
+    buf = ctx.heap.alloc(tuple(t.shape), t.dtype)
+    buf.local.copy_(t)
+    ctx.barrier()
+    out = torch.stack([b.clone() for b in buf.peers])
+    ctx.barrier()
+    return out
+
+
+CASES = {"ag-gemm": ag_gemm_case, "flash-decode": flash_decode_case}
+
+
+def make_case(ctx, w: Workload, wait_s: float = 5.0, config_overrides: dict | None = None) -> Case:
+    return CASES[w.name](ctx, w, wait_s, config_overrides)
+
+
+def fused_trace(runner) -> dict | None:
+    """The last traced call of a fused runner -> {phase name: per-CTA (start ns, end ns, wait ns)}."""
+    if hasattr(runner, "cta_trace_rows"):  # ag-gemm: data chunks and peer ready/free both count as waiting
+        rows = runner.cta_trace_rows()
+        return {"fused-gemm": [(r["start_ns"], r["end_ns"], r["data_wait_ns"] + r["peer_wait_ns"]) for r in rows]}
+    if hasattr(runner, "cta_trace") and getattr(runner, "fused", False):
+        return {"fused-combine": [(s, e, wt) for s, wt, e in runner.cta_trace()]}
+    return None

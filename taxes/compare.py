@@ -1,0 +1,460 @@
+"""Compare two result documents (two commits, two machines) or two variants of one document.
+
+Per case (workload, shape, dtype, world) and variant: the ratio of median E2E times new / base, a
+bootstrap confidence interval of that ratio, a rank test, and a verdict, so that noise is not called
+a regression.
+
+The statistics (docs/ci.md says the same for users):
+- Samples: a document holds per-rank, per-iteration times (`samples_us`); one iteration's E2E is the
+  slowest rank's time in it (METHOD.md), and the medians compared are medians of those E2E values.
+- Ratio: median(new E2E) / median(base E2E); above 1 is slower.
+- Confidence interval: percentile bootstrap. Each side is resampled with replacement on its own
+  (n_resamples times, seeded), the ratio of the two resampled medians is taken each time, and the
+  interval is its (1-c)/2 and (1+c)/2 quantiles.
+- Rank test: two-sided Mann-Whitney U on the two sets of iteration E2Es, with numpy only: the normal
+  approximation of U with the tie correction of its variance and a 0.5 continuity correction
+  (conservative for small samples; fewer than MIN_SAMPLES iterations on a side gets no test at all).
+- Significant: p < 1 - c AND the interval excludes 1 (both must agree, which keeps noise out).
+- Verdict: "slower" when significant and ratio > 1 + threshold; "faster" when significant and
+  ratio < 1 / (1 + threshold) (the mirror image: base is more than threshold slower than new);
+  "same" otherwise (not significant, or inside the threshold). Two more verdicts for rows that get no
+  test: "no test" (a side has no per-iteration samples, e.g. model documents or documents holding
+  only e2e_us summaries: the ratio of the recorded medians is shown, never called significant) and
+  "not compared" (a side errored, failed its correctness check or has no time at all).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from xml.etree import ElementTree as ET
+
+import numpy as np
+import pandas as pd
+
+from taxes.errors import TaxesError
+from taxes.results import one_line
+
+N_RESAMPLES = 2000
+MIN_SAMPLES = 5  # fewer iterations than this on a side: no rank test (its approximation is too rough)
+TESTED = ("faster", "slower", "same")
+VERDICTS = TESTED + ("no test", "not compared")
+COLUMNS = ["workload", "shape", "dtype", "world", "variant", "base_variant", "new_variant",
+           "base_median_us", "new_median_us", "ratio", "ci_low", "ci_high", "new_ci_low_us", "new_ci_high_us",
+           "p_value", "n_base", "n_new", "significant", "verdict", "note"]
+
+
+# ---- parsing the command's numbers ----------------------------------------------------------------
+
+
+def _number(text: str, what: str) -> float:
+    try:
+        value = float(str(text).strip().rstrip("%").strip())
+    except ValueError:
+        raise TaxesError(f"{what} {text!r}: not a number (e.g. 5% or 5)") from None
+    if not math.isfinite(value):
+        raise TaxesError(f"{what} {text!r}: not a finite number")
+    return value
+
+
+def parse_threshold(text: str) -> float:
+    """'5%' or '5' -> 0.05: a percentage (never a fraction), 0 or more."""
+    value = _number(text, "--fail-above")
+    if value < 0:
+        raise TaxesError(f"--fail-above {text!r}: a slowdown threshold cannot be negative")
+    return value / 100.0
+
+
+def parse_confidence(text: str) -> float:
+    """'95%', '95' or '0.95' -> 0.95; a number of 1 or more is a percentage. Between 50% and 100%."""
+    value = _number(text, "--confidence")
+    if str(text).strip().endswith("%") or value >= 1:
+        value /= 100.0
+    if not 0.5 <= value < 1:
+        raise TaxesError(f"--confidence {text!r}: must lie between 50% and 100% (e.g. 95%)")
+    return value
+
+
+def parse_variant_pair(text: str) -> tuple[str, str]:
+    names = [n.strip() for n in str(text).split(",")]
+    if len(names) != 2 or not all(names):
+        raise TaxesError(f"--variants {text!r}: give two variant names, BASE,NEW (e.g. bsp,fused-push)")
+    return names[0], names[1]
+
+
+# ---- statistics -----------------------------------------------------------------------------------
+
+
+def iteration_e2e_us(samples_us: list[list[float]]) -> np.ndarray:
+    """Per-iteration E2E: the slowest rank's time in each iteration (ranks must agree on the count)."""
+    if len({len(s) for s in samples_us}) > 1:
+        raise ValueError("ranks hold different numbers of iterations")
+    if not samples_us:
+        return np.zeros(0)
+    return np.asarray(samples_us, dtype=float).max(axis=0)
+
+
+def rank_test_p(a, b) -> float:
+    """Two-sided Mann-Whitney U p-value: normal approximation, tie-corrected variance, continuity
+    correction 0.5. 1.0 when the pooled values are all equal (no evidence of a shift)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n1, n2 = len(a), len(b)
+    if n1 == 0 or n2 == 0:
+        return 1.0
+    _, inverse, counts = np.unique(np.concatenate([a, b]), return_inverse=True, return_counts=True)
+    # tied values share the mean of the 1-based positions they occupy: last position - (count - 1) / 2
+    mean_rank = np.cumsum(counts) - (counts - 1) / 2.0
+    u1 = mean_rank[inverse][:n1].sum() - n1 * (n1 + 1) / 2.0
+    n = n1 + n2
+    tie_term = float((counts.astype(float) ** 3 - counts).sum()) / (n * (n - 1))
+    var = n1 * n2 / 12.0 * ((n + 1) - tie_term)
+    if var <= 0:
+        return 1.0
+    z = max(0.0, abs(u1 - n1 * n2 / 2.0) - 0.5) / math.sqrt(var)
+    return min(1.0, math.erfc(z / math.sqrt(2.0)))
+
+
+def bootstrap_medians(x_us: np.ndarray, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Medians of n_resamples resamples of x with replacement (same size as x)."""
+    idx = rng.integers(0, len(x_us), size=(n_resamples, len(x_us)))
+    return np.median(x_us[idx], axis=1)
+
+
+def interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
+    lo, hi = np.quantile(values, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return float(lo), float(hi)
+
+
+def verdict_of(ratio: float, significant: bool, threshold: float) -> str:
+    if significant and ratio > 1 + threshold:
+        return "slower"
+    if significant and ratio < 1 / (1 + threshold):
+        return "faster"
+    return "same"
+
+
+# ---- one pair of variants -------------------------------------------------------------------------
+
+
+def variant_state(var: dict) -> tuple[str, str]:
+    """(state, note): state is samples, summary (a median but no samples), or unusable (error,
+    failed, ragged, empty)."""
+    error = (var.get("config") or {}).get("error")
+    if error:
+        text = " ".join(str(error).split())
+        return "error", "error: " + (text if len(text) <= 80 else text[:77] + "...")
+    if var["correctness"].get("passed") is False:
+        return "failed", "failed its correctness check"
+    samples = var["samples_us"]
+    if any(samples):
+        if len({len(s) for s in samples}) > 1:
+            return "ragged", "ranks hold different numbers of iterations"
+        return "samples", ""
+    if var["e2e_us"].get("median") is not None:
+        return "summary", "no samples"
+    return "empty", "no samples and no median"
+
+
+def _median_of(var: dict, state: str) -> float:
+    if state == "samples":
+        return float(np.median(iteration_e2e_us(var["samples_us"])))
+    if state == "summary":
+        return float(var["e2e_us"]["median"])
+    return math.nan
+
+
+def compare_pair(base_var: dict, new_var: dict, *, threshold: float, confidence: float,
+                 rng: np.random.Generator, n_resamples: int = N_RESAMPLES) -> dict:
+    """The statistics of one (base, new) pair of variant entries, as a row without the case keys."""
+    (bs, bnote), (ns, nnote) = variant_state(base_var), variant_state(new_var)
+    row = dict.fromkeys(COLUMNS[7:], math.nan)
+    row.update(n_base=0, n_new=0, significant=False, note="")
+    base_med, new_med = _median_of(base_var, bs), _median_of(new_var, ns)
+    row.update(base_median_us=base_med, new_median_us=new_med)
+    usable = ("samples", "summary")
+    if bs not in usable or ns not in usable:
+        notes = [f"{side}: {note}" for side, st, note in (("base", bs, bnote), ("new", ns, nnote)) if st not in usable]
+        return row | {"verdict": "not compared", "note": "; ".join(notes)}
+    if not base_med > 0:
+        return row | {"verdict": "not compared", "note": "base median is not positive"}
+    row["ratio"] = new_med / base_med
+    labels = (base_var["e2e_us"]["label"], new_var["e2e_us"]["label"])
+    label_note = f" (base {labels[0]}, new {labels[1]})" if labels[0] != labels[1] else ""
+    if bs != "samples" or ns != "samples":
+        return row | {"verdict": "no test", "note": "no samples: no test" + label_note}
+    base, new = iteration_e2e_us(base_var["samples_us"]), iteration_e2e_us(new_var["samples_us"])
+    row.update(n_base=len(base), n_new=len(new))
+    if min(len(base), len(new)) < MIN_SAMPLES:
+        return row | {"verdict": "no test", "note": f"fewer than {MIN_SAMPLES} iterations: no test" + label_note}
+    base_meds = bootstrap_medians(base, n_resamples, rng)
+    new_meds = bootstrap_medians(new, n_resamples, rng)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = new_meds / base_meds
+    if not np.all(np.isfinite(ratios)):  # a resampled base median of 0: no interval to speak of
+        return row | {"verdict": "no test", "note": "base samples hold zeros: no test" + label_note}
+    row["ci_low"], row["ci_high"] = interval(ratios, confidence)
+    row["new_ci_low_us"], row["new_ci_high_us"] = interval(new_meds, confidence)
+    row["p_value"] = rank_test_p(base, new)
+    significant = row["p_value"] < 1 - confidence and not (row["ci_low"] <= 1 <= row["ci_high"])
+    row["significant"] = bool(significant)
+    row["verdict"] = verdict_of(row["ratio"], significant, threshold)
+    row["note"] = label_note.strip(" ()")
+    return row
+
+
+# ---- matching documents ---------------------------------------------------------------------------
+
+
+def _shape_text(case: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in case["shape"].items())
+
+
+def _case_key(case: dict) -> tuple:
+    return case["workload"], tuple(sorted(case["shape"].items())), case["dtype"], case["world"]
+
+
+def _case_label(case: dict) -> str:
+    return f"{case['workload']} {_shape_text(case)} {case['dtype']} world {case['world']}"
+
+
+def _index(doc: dict, name: str) -> dict[tuple, tuple[dict, dict[str, dict]]]:
+    """Case key -> (case, {variant name: variant entry}); a case or variant listed twice is an error."""
+    out: dict[tuple, tuple[dict, dict[str, dict]]] = {}
+    for case in doc["cases"]:
+        key = _case_key(case)
+        if key in out:
+            raise TaxesError(one_line(f"{name}: case {_case_label(case)} appears twice; a comparison needs each case once"))
+        variants: dict[str, dict] = {}
+        for var in case["variants"]:
+            if var["variant"] in variants:
+                raise TaxesError(one_line(f"{name}: variant {var['variant']} appears twice in case {_case_label(case)}"))
+            variants[var["variant"]] = var
+        out[key] = (case, variants)
+    return out
+
+
+def check_variants(base: dict, new: dict, pair: tuple[str, str], base_name: str = "BASE", new_name: str = "NEW") -> None:
+    """Each name of --variants BASE_VARIANT,NEW_VARIANT must be a variant of its document."""
+    for name, doc, variant in ((base_name, base, pair[0]), (new_name, new, pair[1])):
+        known = list(dict.fromkeys(v["variant"] for c in doc["cases"] for v in c["variants"]))
+        if variant not in known:
+            raise TaxesError(one_line(f"--variants: {name} has no variant {variant!r} (it has: {', '.join(known) or 'none'})"))
+
+
+def compare_documents(base: dict, new: dict, *, variants: tuple[str, str] | None = None, threshold: float = 0.0,
+                      confidence: float = 0.95, seed: int = 0, n_resamples: int = N_RESAMPLES,
+                      base_name: str = "BASE", new_name: str = "NEW") -> pd.DataFrame:
+    """One row per (workload, shape, dtype, world, variant) found in both documents (COLUMNS), in
+    base's order. With variants=(A, B): base's variant A against new's variant B in every case found
+    in both (base and new may be the same document). df.attrs holds the settings and `unmatched`:
+    one line per case or variant found on one side only."""
+    base_ix, new_ix = _index(base, base_name), _index(new, new_name)
+    rng = np.random.default_rng(seed)
+    rows, unmatched = [], []
+    for key, (case, base_vars) in base_ix.items():
+        label = _case_label(case)
+        if key not in new_ix:
+            unmatched.append(f"only in {base_name}: {label}")
+            continue
+        new_vars = new_ix[key][1]
+        if variants:
+            pairs = [(variants[0], variants[1])]
+        else:
+            pairs = [(v, v) for v in base_vars if v in new_vars]
+            unmatched += [f"only in {base_name}: {label} {v}" for v in base_vars if v not in new_vars]
+            unmatched += [f"only in {new_name}: {label} {v}" for v in new_vars if v not in base_vars]
+        for a, b in pairs:
+            missing = [f"no {v} in {n}" for v, n, have in ((a, base_name, base_vars), (b, new_name, new_vars)) if v not in have]
+            if missing:
+                unmatched.append(f"{label}: {', '.join(missing)}")
+                continue
+            stats = compare_pair(base_vars[a], new_vars[b], threshold=threshold, confidence=confidence, rng=rng,
+                                 n_resamples=n_resamples)
+            # names come from the documents: one printable line each, safe in every output format
+            rows.append({"workload": case["workload"], "shape": one_line(_shape_text(case)), "dtype": one_line(case["dtype"]),
+                         "world": case["world"], "variant": one_line(b if a == b else f"{b} vs {a}"),
+                         "base_variant": one_line(a), "new_variant": one_line(b), **stats, "note": one_line(stats["note"])})
+    unmatched += [f"only in {new_name}: {_case_label(case)}" for key, (case, _) in new_ix.items() if key not in base_ix]
+    unmatched = [one_line(u) for u in unmatched]
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    df.attrs.update(base=base_name, new=new_name, threshold=threshold, confidence=confidence, seed=seed,
+                    n_resamples=n_resamples, variants=list(variants) if variants else None, unmatched=unmatched)
+    return df
+
+
+def regressions(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows that fail a run: significant slowdowns beyond the threshold."""
+    return df[df["verdict"] == "slower"]
+
+
+# ---- cells ----------------------------------------------------------------------------------------
+
+
+def _us(v) -> str:
+    return "-" if v is None or not np.isfinite(v) else f"{v:,.1f}"
+
+
+def change_text(v) -> str:
+    return "-" if not np.isfinite(v) else f"{(v - 1) * 100:+.1f}%"
+
+
+def _ci(row) -> str:
+    if not np.isfinite(row["ci_low"]):
+        return "-"
+    return f"{(row['ci_low'] - 1) * 100:+.1f}% .. {(row['ci_high'] - 1) * 100:+.1f}%"
+
+
+def _p(v) -> str:
+    return "-" if not np.isfinite(v) else ("<0.001" if v < 0.001 else f"{v:.3f}")
+
+
+def row_name(row) -> str:
+    return f"{row['workload']} {row['shape']} {row['dtype']} world={row['world']} {row['variant']}"
+
+
+def table_rows(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Header and string cells shared by the terminal and Markdown tables."""
+    conf = df.attrs.get("confidence", 0.95)
+    header = ["workload", "shape", "dtype", "world", "variant", "base us", "new us", "change",
+              f"{conf:.0%} CI of change", "p", "verdict", "note"]
+    rows = [[r["workload"], r["shape"], r["dtype"], str(r["world"]), r["variant"], _us(r["base_median_us"]),
+             _us(r["new_median_us"]), change_text(r["ratio"]), _ci(r), _p(r["p_value"]), r["verdict"], r["note"]]
+            for _, r in df.iterrows()]
+    return header, rows
+
+
+def summary_line(df: pd.DataFrame) -> str:
+    counts = df["verdict"].value_counts()
+    parts = [f"{counts.get(v, 0)} {v}" for v in VERDICTS if counts.get(v, 0)]
+    n_unmatched = len(df.attrs.get("unmatched", []))
+    return (f"{len(df)} rows: {', '.join(parts) or 'nothing to compare'}"
+            + (f"; {n_unmatched} unmatched" if n_unmatched else ""))
+
+
+def method_line(df: pd.DataFrame) -> str:
+    a = df.attrs
+    conf, thr = a.get("confidence", 0.95), a.get("threshold", 0.0)
+    return (f"change = median(new) / median(base) - 1 of per-iteration E2E (slowest rank); significant when the "
+            f"Mann-Whitney p < {1 - conf:.2g} and the {conf:.0%} bootstrap CI ({a.get('n_resamples', N_RESAMPLES)} "
+            f"resamples, seed {a.get('seed', 0)}) excludes 0; "
+            + (f"slower/faster only beyond {thr:+.1%}" if thr else "every significant change is called"))
+
+
+# ---- renderers ------------------------------------------------------------------------------------
+
+_STYLE = {"slower": "bold red", "faster": "green", "same": "", "no test": "yellow", "not compared": "dim"}
+
+
+def render_terminal(df: pd.DataFrame, console) -> None:
+    """A rich table, then the summary, the method and the unmatched cases."""
+    from rich.table import Table
+    from rich.text import Text
+
+    a = df.attrs
+    header, rows = table_rows(df)
+    t = Table(title=Text(f"taxes compare: {a.get('new', 'NEW')} against {a.get('base', 'BASE')}"), title_style="bold")
+    for i, h in enumerate(header):
+        t.add_column(h, justify="right" if 5 <= i <= 9 else "left", no_wrap=i < 11)
+    for row in rows:
+        t.add_row(*[Text(c) for c in row], style=_STYLE[row[10]] or None)
+    console.print(t)
+    console.print(Text(summary_line(df)))
+    console.print(Text(method_line(df)), style="dim")
+    for line in a.get("unmatched", []):
+        console.print(Text("unmatched: " + line), style="yellow")
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(esc(h) for h in header) + " |",
+             "|" + "|".join("---:" if 5 <= i <= 9 else "---" for i in range(len(header))) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(df: pd.DataFrame) -> str:
+    """A section fit for a CI job summary: the headline, the table, the method, the unmatched cases."""
+    a = df.attrs
+    bad = regressions(df)
+    thr = a.get("threshold", 0.0)
+    if len(bad):
+        headline = f"**{len(bad)} significant slowdown{'s' if len(bad) > 1 else ''} beyond {thr:+.1%}:** " + \
+                   ", ".join(f"{row_name(r)} ({change_text(r['ratio'])})" for _, r in bad.iterrows())
+    else:
+        headline = f"No significant slowdown beyond {thr:+.1%}." if thr else "No significant slowdown."
+    header, rows = table_rows(df)
+    rows = [r[:10] + [f"**{r[10]}**" if r[10] in ("slower", "faster") else r[10]] + r[11:] for r in rows]
+    out = [f"## taxes compare: `{a.get('new', 'NEW')}` against `{a.get('base', 'BASE')}`", "", headline, "",
+           summary_line(df), "", _md_table(header, rows), "", f"<sub>{method_line(df)}</sub>", ""]
+    unmatched = a.get("unmatched", [])
+    if unmatched:
+        out += [f"<details><summary>{len(unmatched)} unmatched</summary>", ""]
+        out += [f"- {line}" for line in unmatched] + ["", "</details>", ""]
+    return "\n".join(out)
+
+
+def render_junit(df: pd.DataFrame) -> str:
+    """JUnit XML: one testcase per row; a failure for each significant slowdown beyond the threshold,
+    skipped for rows without a test."""
+    a = df.attrs
+    counts = df["verdict"].value_counts()
+    n_fail, n_skip = int(counts.get("slower", 0)), int(counts.get("no test", 0) + counts.get("not compared", 0))
+    attrs = {"name": "taxes compare", "tests": str(len(df)), "failures": str(n_fail), "errors": "0",
+             "skipped": str(n_skip), "time": "0"}
+    suites = ET.Element("testsuites", {k: v for k, v in attrs.items() if k != "skipped"})
+    suite = ET.SubElement(suites, "testsuite", attrs)
+    props = ET.SubElement(suite, "properties")
+    for key in ("base", "new", "threshold", "confidence", "seed", "n_resamples"):
+        ET.SubElement(props, "property", {"name": key, "value": str(a.get(key))})
+    for _, r in df.iterrows():
+        tc = ET.SubElement(suite, "testcase", {"classname": f"taxes.compare.{r['workload']}",
+                                               "name": f"{r['shape']} {r['dtype']} world={r['world']} {r['variant']}",
+                                               "time": "0"})
+        detail = (f"base {_us(r['base_median_us'])} us, new {_us(r['new_median_us'])} us, change {change_text(r['ratio'])}"
+                  f" (CI {_ci(r)}), p {_p(r['p_value'])}, n {r['n_base']}/{r['n_new']}: {r['verdict']}")
+        if r["verdict"] == "slower":
+            ET.SubElement(tc, "failure", {"type": "regression", "message": f"slower by {change_text(r['ratio'])}, beyond "
+                                          f"{a.get('threshold', 0.0):+.1%}"}).text = detail
+        elif r["verdict"] in ("no test", "not compared"):
+            ET.SubElement(tc, "skipped", {"message": r["note"] or r["verdict"]})
+        ET.SubElement(tc, "system-out").text = detail
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def _plain(v):
+    if isinstance(v, (np.floating, float)):
+        return float(v) if math.isfinite(v) else None
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    return v
+
+
+def render_json(df: pd.DataFrame) -> str:
+    """Every row and setting, NaN as null."""
+    a = df.attrs
+    doc = {"schema": "taxes.compare", "schema_version": 1,
+           **{k: a.get(k) for k in ("base", "new", "threshold", "confidence", "seed", "n_resamples", "variants")},
+           "regressions": int(len(regressions(df))),
+           "rows": [{k: _plain(v) for k, v in r.items()} for r in df.to_dict("records")],
+           "unmatched": list(a.get("unmatched", []))}
+    return json.dumps(doc, indent=1, allow_nan=False) + "\n"
+
+
+def render_benchmark_json(df: pd.DataFrame) -> str:
+    """github-action-benchmark's customSmallerIsBetter: [{name, unit, value, range?, extra?}], one
+    entry per row whose new side has a time (the new median, us)."""
+    out = []
+    for _, r in df.iterrows():
+        if not np.isfinite(r["new_median_us"]):  # the new side errored, failed or holds no time
+            continue
+        entry = {"name": row_name(r), "unit": "us", "value": round(float(r["new_median_us"]), 3)}
+        if np.isfinite(r["new_ci_low_us"]):
+            half = (r["new_ci_high_us"] - r["new_ci_low_us"]) / 2
+            entry["range"] = f"± {half:.1f}"
+        entry["extra"] = (f"base {_us(r['base_median_us'])} us; change {change_text(r['ratio'])} (CI {_ci(r)}); "
+                          f"p {_p(r['p_value'])}; {r['verdict']}" + (f"; {r['note']}" if r["note"] else ""))
+        out.append(entry)
+    return json.dumps(out, indent=1, allow_nan=False) + "\n"

@@ -1,0 +1,499 @@
+"""`taxes compare`: the statistics (rank test, bootstrap, verdicts), matching documents, the renderers, and
+the command through TaxesGroup's error handling."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import click
+import numpy as np
+import pandas as pd
+import pytest
+from _util import assert_one_line
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+
+from taxes import compare as cmp
+from taxes import results
+from taxes.cli.compare_cmd import compare
+from taxes.cli.main import TaxesGroup
+from taxes.errors import TaxesError
+from taxes.workloads import make_workload
+
+REPO = Path(__file__).resolve().parent.parent
+AG_GEMM = REPO / "reports" / "ag_gemm" / "ag_gemm_h200x2.json"
+FLASH_DECODE = REPO / "reports" / "flash_decode" / "flash_decode_h200x2.json"
+
+
+# ---- helpers --------------------------------------------------------------------------------------
+
+
+@click.group(cls=TaxesGroup)
+def taxes_cli():
+    """A stand-in for cli/main.py's `cli`: the same group class, with `compare` added the same way."""
+
+
+taxes_cli.add_command(compare)
+
+
+def run(args, env=None):
+    """(exit code, stdout, stderr) of `taxes compare ARGS`."""
+    res = CliRunner(env={"GITHUB_STEP_SUMMARY": None, **(env or {})}).invoke(taxes_cli, ["compare", *map(str, args)])
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    return res.exit_code, res.stdout, res.stderr
+
+
+def noisy_samples(rng, median_us, n_iter, ranks=2, spread=0.02, spike_rate=0.05):
+    """Per-rank iteration times like a GPU's: a floor, right-skewed jitter, rare large spikes, one rank a
+    little slower than the other."""
+    out = []
+    for r in range(ranks):
+        t = median_us * (1 + 0.003 * r) * (1 + rng.gamma(2.0, spread / 2, n_iter))
+        t += (rng.random(n_iter) < spike_rate) * rng.exponential(0.3 * median_us, n_iter)
+        out.append([float(x) for x in t])
+    return out
+
+
+def variant(name, samples_us, *, passed=True, error=None, median=None, label="measured"):
+    e2e = results.summarize_samples(samples_us, label) if samples_us else \
+        {"median": median, "p10": None, "p90": None, "n": 0, "label": label}
+    return {"variant": name, "config": {"error": error} if error else {}, "samples_us": samples_us, "e2e_us": e2e,
+            "correctness": {"checked": True, "passed": passed, "rel_error": 1e-3, "tolerance": 1e-2, "reference": "fp32"},
+            "phases": [], "components": []}
+
+
+def document(cases):
+    """cases: [(workload, shape, [variant entries])] -> a validated result document."""
+    doc = results.new_document({"kind": "profile", "tool_version": "0.1.0", "world_size": 2,
+                                "hardware_profile": "h200-sxm"})
+    for name, shape, variants in cases:
+        doc["cases"].append(results.case_entry(make_workload(name, shape, 2), variants))
+    return results.validate(doc)
+
+
+def two_docs(rng, slowdown, n_iter=40, spread=0.02, variants=("bsp", "fused-push")):
+    """BASE and NEW: the same two cases, NEW's times `slowdown` times BASE's distribution."""
+    medians = {"bsp": 300.0, "fused-push": 250.0, "bsp-graph": 280.0}
+    shapes = [("ag-gemm", {"M": 2048}), ("flash-decode", {})]
+    base = document([(w, s, [variant(v, noisy_samples(rng, medians[v], n_iter, spread=spread)) for v in variants])
+                     for w, s in shapes])
+    new = document([(w, s, [variant(v, noisy_samples(rng, medians[v] * slowdown, n_iter, spread=spread)) for v in variants])
+                    for w, s in shapes])
+    return base, new
+
+
+def save(tmp_path, name, doc):
+    path = tmp_path / name
+    results.save(doc, path)
+    return path
+
+
+def binomial_upper(n, p, tail=1e-3):
+    """The smallest k with P(X > k) < tail for X ~ Binomial(n, p)."""
+    cdf = 0.0
+    for k in range(n + 1):
+        cdf += math.comb(n, k) * p**k * (1 - p) ** (n - k)
+        if 1 - cdf < tail:
+            return k
+    return n
+
+
+def independent_median(doc, case_index, variant_name):
+    """Median of per-iteration E2E (slowest rank) computed through results.samples_frame (pandas), not compare."""
+    sf = results.samples_frame(doc)
+    case = doc["cases"][case_index]
+    shape = ",".join(f"{k}={v}" for k, v in case["shape"].items())
+    sf = sf[(sf["workload"] == case["workload"]) & (sf["shape"] == shape) & (sf["variant"] == variant_name)]
+    return sf.groupby("iteration")["time_us"].max().median()
+
+
+# ---- the rank test ---------------------------------------------------------------------------------
+
+
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=25), st.lists(st.integers(0, 6), min_size=1, max_size=25))
+def test_rank_test_matches_scipy_with_ties(a, b):
+    stats = pytest.importorskip("scipy.stats")
+    p = cmp.rank_test_p(a, b)
+    assert 0.0 <= p <= 1.0
+    assert p == pytest.approx(cmp.rank_test_p(b, a), abs=1e-12)  # two-sided: symmetric
+    if len(set(a) | set(b)) == 1:
+        assert p == 1.0
+    else:
+        ref = stats.mannwhitneyu(a, b, alternative="two-sided", method="asymptotic", use_continuity=True).pvalue
+        assert p == pytest.approx(ref, rel=1e-9, abs=1e-12)
+
+
+@given(st.lists(st.integers(1, 10**6), min_size=2, max_size=30), st.lists(st.integers(1, 10**6), min_size=2, max_size=30))
+def test_rank_test_depends_only_on_order(a, b):
+    # ranks are all it reads: a strictly increasing transform of both samples leaves p unchanged (integer
+    # inputs, so that rounding in the transforms can neither make nor break a tie)
+    p = cmp.rank_test_p(a, b)
+    assert cmp.rank_test_p(np.log(a), np.log(b)) == pytest.approx(p, abs=1e-12)
+    assert cmp.rank_test_p(np.asarray(a) * 3 + 7, np.asarray(b) * 3 + 7) == pytest.approx(p, abs=1e-12)
+
+
+def test_rank_test_sees_a_clear_shift_and_not_an_equal_one():
+    rng = np.random.default_rng(3)
+    a = rng.normal(100, 1, 40)
+    assert cmp.rank_test_p(a, a + 5) < 1e-6
+    assert cmp.rank_test_p(a, a) == 1.0
+    assert cmp.rank_test_p(a, []) == 1.0
+
+
+# ---- verdicts --------------------------------------------------------------------------------------
+
+
+def test_noise_is_not_called_a_regression():
+    """Two samples of one distribution: a verdict other than 'same' is a false positive. Its rate must stay
+    within what the test's level allows (binomial tail 1e-3 at alpha = 5%); with a 5% threshold there are
+    no more calls than without, and never one inside the threshold."""
+    n_trials, confidence = 300, 0.95
+    rng = np.random.default_rng(20240611)
+    calls, calls_5 = 0, 0
+    for trial in range(n_trials):
+        base = variant("bsp", noisy_samples(rng, 200.0, 40))
+        new = variant("bsp", noisy_samples(rng, 200.0, 40))
+        row = cmp.compare_pair(base, new, threshold=0.0, confidence=confidence, rng=np.random.default_rng(trial))
+        verdict_5 = cmp.verdict_of(row["ratio"], row["significant"], 0.05)
+        calls += row["verdict"] != "same"
+        calls_5 += verdict_5 != "same"
+        if verdict_5 != "same":
+            assert row["verdict"] == verdict_5
+            assert not 1 / 1.05 <= row["ratio"] <= 1.05
+        assert row["significant"] == (row["verdict"] != "same")
+    limit = binomial_upper(n_trials, 1 - confidence)
+    assert calls <= limit, (calls, limit)
+    assert calls_5 <= calls
+
+
+def test_twenty_percent_slowdown_is_slower_and_fails_the_run(tmp_path):
+    base, new = two_docs(np.random.default_rng(7), 1.20)
+    df = cmp.compare_documents(base, new, threshold=0.05)
+    assert len(df) == 4 and set(df["verdict"]) == {"slower"}
+    for i, r in df.iterrows():
+        assert r["base_median_us"] == pytest.approx(independent_median(base, i // 2, r["variant"]))
+        assert r["ratio"] == pytest.approx(independent_median(new, i // 2, r["variant"]) / r["base_median_us"])
+        assert 1.05 < r["ci_low"] <= r["ratio"] <= r["ci_high"] and r["p_value"] < 0.05
+    b, n = save(tmp_path, "base.json", base), save(tmp_path, "new.json", new)
+    code, out, err = run([b, n, "--fail-above", "5%"])
+    assert code == 1, err
+    assert "4 significant slowdowns beyond +5.0%" in err and "slower" in out
+    code, out, err = run([b, n])  # no --fail-above: report only
+    assert code == 0
+    code, out, err = run([n, b, "--fail-above", "5", "--format", "json"])  # the other way round it is faster: passes
+    assert code == 0 and [r["verdict"] for r in json.loads(out)["rows"]] == ["faster"] * 4
+
+
+def test_three_percent_slowdown_inside_five_percent_passes(tmp_path):
+    # many iterations and modest noise: the 3% shift is real and detected, but it is inside the threshold
+    base, new = two_docs(np.random.default_rng(11), 1.03, n_iter=200, spread=0.02)
+    strict = cmp.compare_documents(base, new)
+    assert set(strict["verdict"]) == {"slower"}  # significant: a threshold of 0 calls it
+    assert ((strict["ratio"] > 1.01) & (strict["ratio"] < 1.05)).all()
+    b, n = save(tmp_path, "base.json", base), save(tmp_path, "new.json", new)
+    code, out, err = run([b, n, "--fail-above", "5%", "--format", "json"])
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    assert [r["verdict"] for r in rows] == ["same"] * 4
+    assert all(r["significant"] for r in rows)
+    code, out, err = run([b, n, "--fail-above", "1%"])
+    assert code == 1
+
+
+def test_seed_makes_the_interval_reproducible():
+    base, new = two_docs(np.random.default_rng(5), 1.0)
+    a = cmp.compare_documents(base, new, seed=1)
+    b = cmp.compare_documents(base, new, seed=1)
+    c = cmp.compare_documents(base, new, seed=2)
+    pd.testing.assert_frame_equal(a, b)
+    assert not np.allclose(a["ci_low"], c["ci_low"])
+    assert (a["p_value"] == c["p_value"]).all()  # the rank test does not resample
+    wide = cmp.compare_documents(base, new, seed=1, confidence=0.99)
+    assert ((wide["ci_low"] <= a["ci_low"]) & (wide["ci_high"] >= a["ci_high"])).all()
+    assert ((a["ci_low"] <= a["ratio"]) & (a["ratio"] <= a["ci_high"])).all()
+
+
+def test_variants_across_two_documents_pair_base_a_with_new_b():
+    base, new = two_docs(np.random.default_rng(6), 1.0)
+    df = cmp.compare_documents(base, new, variants=("bsp", "fused-push"))
+    assert list(df["variant"]) == ["fused-push vs bsp"] * 2 and df.attrs["unmatched"] == []
+    for i, r in df.iterrows():
+        assert r["base_median_us"] == pytest.approx(independent_median(base, i, "bsp"))
+        assert r["new_median_us"] == pytest.approx(independent_median(new, i, "fused-push"))
+    # fused-push's 250 us against bsp's 300 us: a 17% speed-up, well outside the noise
+    assert set(df["verdict"]) == {"faster"}
+
+
+# ---- documents that cannot be tested ---------------------------------------------------------------
+
+
+def test_failed_errored_and_empty_variants_are_shown_not_compared(tmp_path):
+    rng = np.random.default_rng(2)
+    s = lambda m: noisy_samples(rng, m, 30)  # noqa: E731
+    base = document([("ag-gemm", {"M": 2048}, [variant("bsp", s(100)), variant("fused-pull", s(100)),
+                                                variant("fused-push", s(100)), variant("bsp-graph", s(100))])])
+    new = document([("ag-gemm", {"M": 2048}, [variant("bsp", s(300), passed=False),
+                                               variant("fused-pull", [], error="Timeout\nwaiting for flag"),
+                                               variant("fused-push", []), variant("bsp-graph", s(100))])])
+    df = cmp.compare_documents(base, new, threshold=0.05).set_index("variant")
+    assert list(df.loc[["bsp", "fused-pull", "fused-push"], "verdict"]) == ["not compared"] * 3
+    assert "correctness" in df.loc["bsp", "note"] and "new:" in df.loc["bsp", "note"]
+    assert "Timeout waiting for flag" in df.loc["fused-pull", "note"]
+    assert "no median" in df.loc["fused-push", "note"]
+    assert df.loc["bsp-graph", "verdict"] == "same"
+    assert not df.loc[["bsp", "fused-pull", "fused-push"], "ratio"].notna().any()
+    b, n = save(tmp_path, "b.json", base), save(tmp_path, "n.json", new)
+    for fmt in cmp_formats():
+        code, out, err = run([b, n, "--fail-above", "5%", "--format", fmt])
+        assert code == 0 and "Traceback" not in err, (fmt, err)
+    bench = json.loads(run([b, n, "--format", "benchmark-json"])[1])
+    assert [e["name"].split()[-1] for e in bench] == ["bsp-graph"]  # failed / errored / empty new sides have no value
+
+
+def cmp_formats():
+    from taxes.cli.compare_cmd import COMPARE_FORMATS
+
+    return COMPARE_FORMATS
+
+
+def test_summary_only_documents_get_a_ratio_and_no_test(tmp_path):
+    doc = results.load(FLASH_DECODE)
+    slow = copy.deepcopy(doc)
+    for case in slow["cases"]:
+        for var in case["variants"]:
+            var["e2e_us"]["median"] *= 2
+    df = cmp.compare_documents(doc, slow, threshold=0.05)
+    n_variants = sum(len(c["variants"]) for c in doc["cases"])
+    assert len(df) == n_variants
+    assert set(df["verdict"]) == {"no test"} and not df["significant"].any()
+    assert np.allclose(df["ratio"], 2.0) and df["p_value"].isna().all() and df["ci_low"].isna().all()
+    assert (df["note"] == "no samples: no test").all()
+    code, out, err = run([FLASH_DECODE, save(tmp_path, "slow.json", slow), "--fail-above", "5%", "--format", "junit"])
+    assert code == 0
+    suite = ET.fromstring(out).find("testsuite")
+    assert suite.get("failures") == "0" and suite.get("skipped") == str(n_variants)
+
+
+def test_model_document_against_a_measured_one_has_no_test(model_doc):
+    rng = np.random.default_rng(4)
+    measured = copy.deepcopy(model_doc)
+    for case in measured["cases"]:
+        for var in case["variants"]:
+            var["samples_us"] = noisy_samples(rng, var["e2e_us"]["median"], 20)
+            var["e2e_us"] = results.summarize_samples(var["samples_us"])
+    df = cmp.compare_documents(model_doc, results.validate(measured))
+    assert len(df) == sum(len(c["variants"]) for c in model_doc["cases"])
+    assert set(df["verdict"]) == {"no test"}
+    assert df["note"].str.contains("base predicted, new measured").all()
+
+
+def test_unmatched_cases_and_variants_are_listed(tmp_path):
+    rng = np.random.default_rng(8)
+    s = lambda: noisy_samples(rng, 100, 20)  # noqa: E731
+    base = document([("ag-gemm", {"M": 2048}, [variant("bsp", s()), variant("fused-pull", s())]),
+                     ("gemm-rs", {"M": 1024}, [variant("bsp", s())])])
+    new = document([("ag-gemm", {"M": 2048}, [variant("bsp", s()), variant("fused-push", s())]),
+                    ("flash-decode", {}, [variant("bsp", s())])])
+    df = cmp.compare_documents(base, new, base_name="B", new_name="N")
+    assert list(df["variant"]) == ["bsp"]
+    unmatched = df.attrs["unmatched"]
+    assert len(unmatched) == 4
+    assert any(u.startswith("only in B:") and "fused-pull" in u for u in unmatched)
+    assert any(u.startswith("only in N:") and "fused-push" in u for u in unmatched)
+    assert any(u.startswith("only in B:") and "gemm-rs" in u for u in unmatched)
+    assert any(u.startswith("only in N:") and "flash-decode" in u for u in unmatched)
+    code, out, err = run([save(tmp_path, "b.json", base), save(tmp_path, "n.json", new), "--format", "md"])
+    assert code == 0 and "4 unmatched" in out and out.count("\n- only in ") == 4
+    js = json.loads(run([tmp_path / "b.json", tmp_path / "n.json", "--format", "json"])[1])
+    assert len(js["unmatched"]) == 4 and len(js["rows"]) == 1
+
+
+# ---- the real committed report ---------------------------------------------------------------------
+
+
+def test_real_report_against_itself_is_all_same(tmp_path):
+    doc = results.load(AG_GEMM)
+    n_variants = sum(len(c["variants"]) for c in doc["cases"])
+    code, out, err = run([AG_GEMM, AG_GEMM, "--fail-above", "5%", "--format", "json"])
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    assert len(rows) == n_variants
+    assert all(r["verdict"] == "same" and r["ratio"] == 1.0 and r["p_value"] == 1.0 for r in rows)
+    assert all(r["ci_low"] <= 1.0 <= r["ci_high"] for r in rows)
+    medians = [v["e2e_us"]["median"] for c in doc["cases"] for v in c["variants"]]
+    assert [r["base_median_us"] for r in rows] == pytest.approx(medians)
+
+
+def test_real_report_bsp_against_fused_push_within_itself():
+    doc = results.load(AG_GEMM)
+    df = cmp.compare_documents(doc, doc, variants=("bsp", "fused-push"), threshold=0.05)
+    assert len(df) == len(doc["cases"]) and (df["variant"] == "fused-push vs bsp").all()
+    for i, r in df.iterrows():
+        assert r["ratio"] == pytest.approx(independent_median(doc, i, "fused-push") / independent_median(doc, i, "bsp"))
+        assert r["ci_low"] <= r["ratio"] <= r["ci_high"]
+        if r["verdict"] == "slower":
+            assert r["ratio"] > 1.05 and r["ci_low"] > 1 and r["p_value"] < 0.05
+        elif r["verdict"] == "faster":
+            assert r["ratio"] < 1 / 1.05 and r["ci_high"] < 1 and r["p_value"] < 0.05
+    code, out, err = run([AG_GEMM, "--variants", "bsp,fused-push", "--fail-above", "5%"])
+    assert code == (1 if (df["verdict"] == "slower").any() else 0), err
+    assert out.count("fused-push vs bsp") == len(df)
+    # reversed, every call flips
+    rev = cmp.compare_documents(doc, doc, variants=("fused-push", "bsp"), threshold=0.05)
+    flip = {"slower": "faster", "faster": "slower", "same": "same"}
+    assert list(rev["verdict"]) == [flip[v] for v in df["verdict"]]
+
+
+# ---- outputs ---------------------------------------------------------------------------------------
+
+
+def test_github_step_summary_is_appended(tmp_path):
+    base, new = two_docs(np.random.default_rng(9), 1.2)
+    b, n = save(tmp_path, "b.json", base), save(tmp_path, "n.json", new)
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    env = {"GITHUB_STEP_SUMMARY": str(summary)}
+    code, out, err = run([b, n, "--format", "junit", "-o", tmp_path / "junit.xml", "--fail-above", "5%"], env=env)
+    assert code == 1 and out == ""
+    text = summary.read_text()
+    assert text.startswith("earlier step\n") and text.count("## taxes compare") == 1
+    assert "4 significant slowdowns beyond +5.0%" in text
+    assert len([line for line in text.splitlines() if line.startswith("| ag-gemm") or line.startswith("| flash-decode")]) == 4
+    run([b, n], env=env)
+    assert summary.read_text().count("## taxes compare") == 2
+    code, out, err = run([b, n])  # unset: nothing written anywhere else
+    assert code == 0 and sorted(os.listdir(tmp_path)) == ["b.json", "junit.xml", "n.json", "summary.md"]
+
+
+def test_junit_xml_parses_and_counts_failures(tmp_path):
+    rng = np.random.default_rng(12)
+    base = document([("ag-gemm", {"M": 2048}, [variant(v, noisy_samples(rng, 100, 40)) for v in ("bsp", "bsp-graph", "fused-push")])])
+    new = document([("ag-gemm", {"M": 2048}, [variant("bsp", noisy_samples(rng, 130, 40)),
+                                               variant("bsp-graph", noisy_samples(rng, 100, 40)),
+                                               variant("fused-push", [], error="hung")])])
+    df = cmp.compare_documents(base, new, threshold=0.05)
+    root = ET.fromstring(cmp.render_junit(df))
+    suite = root.find("testsuite")
+    cases = suite.findall("testcase")
+    assert len(cases) == len(df) == int(suite.get("tests")) == int(root.get("tests"))
+    failed = [c.get("name") for c in cases if c.find("failure") is not None]
+    skipped = [c.get("name") for c in cases if c.find("skipped") is not None]
+    assert int(suite.get("failures")) == len(failed) == (df["verdict"] == "slower").sum() == 1
+    assert failed[0].endswith(" bsp") and skipped[0].endswith(" fused-push") and suite.get("skipped") == "1"
+    assert "beyond +5.0%" in cases[0].find("failure").get("message")
+    code, out, err = run([save(tmp_path, "b.json", base), save(tmp_path, "n.json", new), "--format", "junit",
+                          "--fail-above", "5%"])
+    assert code == 1 and ET.fromstring(out).find("testsuite").get("failures") == "1"
+
+
+def test_benchmark_json_is_custom_smaller_is_better():
+    doc = results.load(AG_GEMM)
+    df = cmp.compare_documents(doc, doc, variants=("bsp", "fused-push"))
+    entries = json.loads(cmp.render_benchmark_json(df))
+    assert isinstance(entries, list) and len(entries) == len(df)
+    for e, (_, r) in zip(entries, df.iterrows()):
+        assert {"name", "unit", "value"} <= set(e) <= {"name", "unit", "value", "range", "extra"}
+        assert isinstance(e["name"], str) and e["unit"] == "us" and isinstance(e["value"], (int, float))
+        assert e["value"] == pytest.approx(r["new_median_us"], abs=1e-3)
+        assert re.fullmatch(r"± \d+\.\d", e["range"]) and isinstance(e["extra"], str)
+        half = float(e["range"].split()[1])
+        assert half == pytest.approx((r["new_ci_high_us"] - r["new_ci_low_us"]) / 2, abs=0.051)
+    assert len({e["name"] for e in entries}) == len(entries)  # the action keys its history by name
+
+
+def test_table_and_markdown_and_output_file(tmp_path):
+    base, new = two_docs(np.random.default_rng(13), 1.0)
+    b, n = save(tmp_path, "b.json", base), save(tmp_path, "n.json", new)
+    code, out, err = run([b, n])
+    assert code == 0 and out.count("│ ag-gemm") == 2 and "4 rows:" in out
+    md = tmp_path / "c.md"
+    code, out, err = run([b, n, "--format", "md", "-o", md])
+    assert code == 0 and out == "" and str(md) in err
+    text = md.read_text()
+    assert "No significant slowdown" in text
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + 4 and len({line.count("|") for line in table}) == 1
+    txt = tmp_path / "c.txt"
+    assert run([b, n, "-o", txt])[0] == 0 and "taxes compare" in txt.read_text()
+    code, out, err = run([b, n, "--format", "json", "-o", txt])  # an existing file is kept without --force
+    assert code == 2 and "--force" in err and "taxes compare" in txt.read_text()
+    assert run([b, n, "--format", "json", "-o", txt, "--force"])[0] == 0
+    assert len(json.loads(txt.read_text())["rows"]) == 4
+
+
+def test_names_from_a_document_cannot_break_the_outputs(tmp_path):
+    rng = np.random.default_rng(14)
+    odd = "[bold]fused<&>\x01\n\"x\"[/bold]"
+    base = document([("ag-gemm", {"M": 2048}, [variant(odd, noisy_samples(rng, 100, 20))])])
+    new = document([("ag-gemm", {"M": 2048}, [variant(odd, noisy_samples(rng, 150, 20))])])
+    b, n = save(tmp_path, "b.json", base), save(tmp_path, "n.json", new)
+    code, out, err = run([b, n])
+    assert code == 0 and "[bold]fused<&>" in out  # shown as written, not read as rich markup
+    suite = ET.fromstring(run([b, n, "--format", "junit"])[1]).find("testsuite")
+    assert "[bold]fused<&>" in suite.find("testcase").get("name") and suite.get("failures") == "1"
+    md = run([b, n, "--format", "md"])[1]
+    assert sum(line.startswith("| ag-gemm") for line in md.splitlines()) == 1
+    assert json.loads(run([b, n, "--format", "benchmark-json"])[1])[0]["name"].startswith("ag-gemm")
+
+
+# ---- parsing and bad input -------------------------------------------------------------------------
+
+
+@given(st.floats(0, 1000, allow_nan=False))
+def test_threshold_accepts_percent_with_or_without_sign(pct):
+    assert cmp.parse_threshold(f"{pct!r}%") == cmp.parse_threshold(repr(pct)) == pytest.approx(pct / 100)
+
+
+def test_confidence_forms():
+    assert cmp.parse_confidence("95%") == cmp.parse_confidence("95") == cmp.parse_confidence("0.95") == pytest.approx(0.95)
+    for bad in ("1", "100%", "0.3", "x", "nan", "-95"):
+        with pytest.raises(TaxesError):
+            cmp.parse_confidence(bad)
+
+
+BAD = {
+    "missing file": ["{missing}", "{good}"],
+    "directory": ["{dir}", "{good}"],
+    "not a result document": ["{good}", "{bad}"],
+    "no paths": [],
+    "three paths": ["{good}", "{good}", "{good}"],
+    "one path without --variants": ["{good}"],
+    "variant not in the document": ["{good}", "--variants", "bsp,fused-psh"],
+    "variant not in BASE": ["{good}", "{good}", "--variants", "nope,bsp"],
+    "one variant name": ["{good}", "--variants", "bsp"],
+    "same variant twice in one document": ["{good}", "--variants", "bsp,bsp"],
+    "threshold not a number": ["{good}", "{good}", "--fail-above", "five"],
+    "threshold negative": ["{good}", "{good}", "--fail-above", "-5%"],
+    "threshold infinite": ["{good}", "{good}", "--fail-above", "inf"],
+    "confidence out of range": ["{good}", "{good}", "--confidence", "40%"],
+    "negative seed": ["{good}", "{good}", "--seed", "-1"],
+    "unknown format": ["{good}", "{good}", "--format", "xml"],
+    "output into a missing directory": ["{good}", "{good}", "-o", "{nodir}"],
+    "a case twice": ["{twice}", "{good}"],
+    "output exists, no --force": ["{good}", "{good}", "--format", "md", "-o", "{good}"],
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_exits_2_with_one_line(tmp_path, case):
+    rng = np.random.default_rng(1)
+    good = document([("ag-gemm", {"M": 2048}, [variant("bsp", noisy_samples(rng, 100, 10))])])
+    files = {"good": save(tmp_path, "good.json", good), "dir": tmp_path, "missing": tmp_path / "nope.json",
+             "nodir": tmp_path / "no" / "out.md", "bad": tmp_path / "bad.json"}
+    files["bad"].write_text('{"schema": "taxes.result", "cases": [')
+    twice = dict(good, cases=good["cases"] * 2)
+    files["twice"] = save(tmp_path, "twice.json", twice)
+    before = sorted(os.listdir(tmp_path))
+    code, out, err = run([a.format(**files) for a in BAD[case]])
+    assert code == 2, (code, err)
+    assert err.startswith("taxes: error: ") and err.count("\n") == 1, err
+    assert_one_line(err.rstrip("\n"))
+    assert "Traceback" not in err and "internal error" not in err and out == ""
+    assert sorted(os.listdir(tmp_path)) == before

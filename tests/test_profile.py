@@ -1,0 +1,250 @@
+"""`taxes profile`: the attribution arithmetic, on random timelines and on committed GPU result documents,
+the emulated end-to-end run (world 2, both workloads), re-attribution, the profiler cross-check, and
+the reports of real documents. No GPU needed."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taxes import attribution
+from taxes.hardware import get_profile
+from taxes.model import COMPONENTS, Floor
+from taxes.results import load, validate
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL = sorted((ROOT / "reports" / "profile").glob("*.json"))
+CALIBRATED = ROOT / "reports" / "calibration" / "h200-x2-calibrated.json"
+
+
+# ---- attribution arithmetic on random timelines ------------------------------------------------------
+
+
+@st.composite
+def bsp_iteration(draw):
+    """Per rank: phases in issue order with random gaps; the same phase sequence on every rank."""
+    ranks = draw(st.integers(1, 4))
+    roles = draw(st.lists(st.sampled_from(["compute", "communication"]), min_size=1, max_size=5))
+    out = []
+    for _ in range(ranks):
+        t, phases = 0.0, []
+        for j, role in enumerate(roles):
+            t += draw(st.floats(0, 50))
+            d = draw(st.floats(0, 500))
+            phases.append({"name": f"p{j}", "role": role, "start_us": t, "end_us": t + d})
+            t += d
+        out.append({"e2e_us": t + draw(st.floats(0, 10)), "phases": phases})
+    return out
+
+
+floors = st.builds(Floor, st.floats(0, 400), st.floats(0, 400), st.floats(0, 400))
+
+
+@settings(max_examples=200, deadline=None)
+@given(bsp_iteration(), floors, st.floats(0, 100))
+def test_bsp_components_close_exactly_and_taxes_are_never_negative(ranks, floor, locality):
+    for r, comp in zip(ranks, attribution.bsp_iteration(ranks, floor, locality)):
+        assert set(comp) == set(COMPONENTS)
+        assert math.fsum(comp.values()) == pytest.approx(r["e2e_us"], abs=1e-6)
+        assert all(comp[c] >= -1e-9 for c in COMPONENTS if c != "unattributed")
+        # launch is the idle before and between phases, computed here the plain way
+        ends = [0.0] + [p["end_us"] for p in r["phases"]]
+        idle = sum(max(0.0, p["start_us"] - e) for p, e in zip(r["phases"], ends))
+        assert comp["launch"] == pytest.approx(idle, abs=1e-6)
+
+
+def test_sync_wait_is_the_excess_over_the_fastest_rank():
+    ph = lambda d: [{"name": "ag", "role": "communication", "start_us": 0.0, "end_us": d},  # noqa: E731
+                    {"name": "mm", "role": "compute", "start_us": d, "end_us": d + 100.0}]
+    ranks = [{"e2e_us": 150.0, "phases": ph(50.0)}, {"e2e_us": 130.0, "phases": ph(30.0)}]
+    a, b = attribution.bsp_iteration(ranks, Floor(80.0, 10.0, 20.0), 0.0)
+    assert a["sync_wait"] == pytest.approx(20.0) and b["sync_wait"] == 0.0
+    assert b["exposed_transfer"] == pytest.approx(30.0)  # link 20 < work 80: nothing is unhideable
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(1, 1000), st.floats(0, 1), st.floats(0, 1), floors, st.floats(0, 50), st.floats(0, 20))
+def test_fused_components_close_and_waiting_is_the_bulk_synchronous_tax(dur, span_frac, wait_frac, floor, loc, lead):
+    span = dur * span_frac
+    rank = {"e2e_us": lead + dur + 1.0, "phases": [{"name": "fused", "role": "compute", "start_us": lead,
+                                                     "end_us": lead + dur}],
+            "traced": {"fused": {"span_us": span, "wait_us": span * wait_frac}}}
+    comp = attribution.fused_iteration(rank, floor, loc)
+    assert math.fsum(comp.values()) == pytest.approx(rank["e2e_us"], abs=1e-6)
+    assert comp["launch"] == pytest.approx(lead + dur - span, abs=1e-6)
+    assert comp["sync_wait"] == pytest.approx(max(0.0, span * wait_frac - floor.unhideable_link_us), abs=1e-6)
+
+
+def test_trimmed_mean_keeps_the_middle_iterations():
+    e2e = [100.0] * 8 + [1000.0, 1.0]
+    keep = attribution.trimmed_iterations(e2e)
+    assert 8 in keep or 9 in keep or len(keep) == 8  # an outlier at either end may be dropped
+    assert all(e2e[i] == 100.0 for i in keep if i < 8)
+
+
+# ---- committed GPU result documents -----------------------------------------------------------------
+
+
+needs_real = pytest.mark.skipif(not REAL, reason="no committed result documents under reports/profile/")
+
+
+@needs_real
+@pytest.mark.parametrize("path", REAL, ids=[p.name for p in REAL])
+def test_real_documents_validate_and_their_components_redo_exactly(path):
+    from taxes.cases import MODEL_OF
+    from taxes.model import floor_of
+    from taxes.profile import _attribute_variant
+    from taxes.workloads import make_workload
+
+    doc = load(path)
+    hw = get_profile(str(CALIBRATED))
+    assert doc["metadata"]["gpu_names"] and all("H200" in g for g in doc["metadata"]["gpu_names"])
+    checked = 0
+    for case in doc["cases"]:
+        w = make_workload(case["workload"], case["shape"], case["world"], case["dtype"])
+        for v in case["variants"]:
+            if not v.get("phased_us"):
+                continue
+            redo = _attribute_variant(v["variant"], v["phased_us"], w, floor_of(w, hw), hw, MODEL_OF)
+            stored = {(c["name"], c["rank"]): c["value_us"] for c in v["components"]}
+            for c in redo["components"]:
+                assert stored[(c["name"], c["rank"])] == pytest.approx(c["value_us"], rel=1e-9, abs=1e-9)
+            # closure per rank against the kept iterations' mean instrumented E2E, computed here
+            n = min(len(x) for x in v["phased_us"])
+            per_iter = [max(v["phased_us"][r][i]["e2e_us"] for r in range(len(v["phased_us"]))) for i in range(n)]
+            keep = attribution.trimmed_iterations(per_iter)
+            for r, per_rank in enumerate(v["phased_us"]):
+                mean_e2e = math.fsum(per_rank[i]["e2e_us"] for i in keep) / len(keep)
+                total = math.fsum(val for (name, rank), val in stored.items() if rank == r)
+                assert total == pytest.approx(mean_e2e, rel=1e-9)
+            checked += 1
+    assert checked
+
+
+@needs_real
+def test_reattribution_moves_the_floor_but_not_the_measurements():
+    from taxes.profile import reattribute
+
+    doc = load(ROOT / "reports" / "profile" / "ag_gemm_N8192.json")
+    other = reattribute(doc, get_profile("h200-sxm"))
+    validate(other)
+    a, b = doc["cases"][0]["variants"][0], other["cases"][0]["variants"][0]
+    assert a["samples_us"] == b["samples_us"] and a["e2e_us"] == b["e2e_us"]
+    ideal = lambda v: next(c["value_us"] for c in v["components"] if c["name"] == "ideal" and c["rank"] is None)  # noqa: E731
+    assert ideal(a) != pytest.approx(ideal(b))  # calibrated peaks differ from the datasheet's
+    assert other["metadata"]["attributed_with"]["profile"] == "h200-sxm"
+
+
+@needs_real
+def test_reports_of_a_real_document_show_every_view(tmp_path):
+    from taxes.reports.render import render_html, render_markdown
+
+    doc = load(ROOT / "reports" / "profile" / "ag_gemm_N8192.json")
+    md = render_markdown(doc)
+    for text in ("model E2E (error)", "instrumented E2E (vs plain)", "CTA time waiting", "ablation ladder"):
+        assert text in md
+    page = render_html(doc)
+    assert page.count("<img") >= 4 * len(doc["cases"])  # bars, predicted vs measured, timeline, CTAs
+    for alt in ("predicted against measured", "per-rank timeline", "fused kernels, per CTA"):
+        assert alt in page
+
+
+def test_profiler_check_matches_phases_to_their_kernels():
+    from taxes.profile import profiler_check
+
+    def launch(ts, corr):
+        return {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 1, "ts": ts, "dur": 2.0,
+                "args": {"correlation": corr}}
+
+    trace = {"traceEvents": [
+        {"cat": "user_annotation", "name": "taxes:bsp:matmul:0", "tid": 1, "ts": 100.0, "dur": 10.0},
+        launch(101.0, 7), launch(104.0, 8),
+        {"cat": "kernel", "name": "gemm", "ts": 120.0, "dur": 30.0, "args": {"correlation": 7}},
+        {"cat": "kernel", "name": "epilogue", "ts": 151.0, "dur": 4.5, "args": {"correlation": 8}},
+        {"cat": "user_annotation", "name": "taxes:bsp:iter0", "tid": 1, "ts": 90.0, "dur": 80.0},  # not a phase
+    ]}
+    events = {"bsp": [{"phases": [{"name": "matmul", "start_us": 3.0, "end_us": 40.0}]}]}
+    out = profiler_check(trace, events)
+    assert out["bsp"]["matmul"]["cupti_us"] == pytest.approx(35.5)
+    assert out["bsp"]["matmul"]["events_us"] == pytest.approx(37.0)
+
+
+# ---- the emulated end-to-end run --------------------------------------------------------------------
+
+
+TINY_AG = dict(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2, copiers=2, chunk_rows=8,
+               copy_block=256, grid=4)
+
+
+@pytest.mark.slow
+def test_emulated_profile_of_both_workloads_checks_every_variant_and_closes():
+    from taxes.profile import profile
+
+    ag = profile("ag-gemm", ["M=64,N=48,K=32", "M=32,N=32,K=16"], 2, iters=3, warmup=1, emulate=True,
+                 config=TINY_AG, timeout_s=300)
+    fd = profile("flash-decode", "B=1,Hq=8,Hkv=2,D=64,S=40", 2, iters=3, warmup=1, emulate=True,
+                 config={"block_n": 16}, timeout_s=300)
+    for doc, n_cases, names in ((ag.document, 2, {"bsp", "bsp-graph", "fused-pull", "fused-push", "fused-push-graph"}),
+                                (fd.document, 1, {"bsp", "bsp-graph", "fused-push", "fused-push-graph"})):
+        validate(doc)
+        assert doc["metadata"]["emulated"] is True and len(doc["cases"]) == n_cases
+        for case in doc["cases"]:
+            assert {v["variant"] for v in case["variants"]} == names
+            for v in case["variants"]:
+                assert v["correctness"]["passed"], (v["variant"], v["config"])
+                assert len(v["samples_us"]) == 2 and all(len(s) == 3 for s in v["samples_us"])
+                assert {c["rank"] for c in v["components"]} == {0, 1, None}
+                assert v["prediction"]["label"] == "predicted"
+    assert set(ag.components["component"]) == set(COMPONENTS)
+    assert not fd.phases.empty
+
+
+@pytest.mark.slow
+def test_cli_profile_writes_once_refuses_to_overwrite_and_appends_to_a_directory(tmp_path):
+    args = [sys.executable, "-m", "taxes.cli.main", "profile", "flash-decode", "--emulate", "--gpus", "2",
+            "--shape", "B=1,Hq=8,Hkv=2,D=64,S=24", "--iters", "2", "--warmup", "0", "--config", "block_n=16",
+            "--variants", "bsp,fused-push", "--format", "json"]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = tmp_path / "run.json"
+    first = subprocess.run(args + ["-o", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["cases"][0]["variants"][0]["variant"] == "bsp"
+    validate(json.loads(out.read_text()))
+    again = subprocess.run(args + ["-o", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 2 and "--force" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    for _ in range(2):
+        r = subprocess.run(args + ["-o", str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+    assert len(list(tmp_path.glob("flash-decode_*.json"))) == 2
+
+
+def test_profile_without_a_gpu_says_what_to_do_instead():
+    r = subprocess.run([sys.executable, "-m", "taxes.cli.main", "profile", "ag-gemm", "--gpus", "2"],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 2
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1 and "taxes model" in line and "--emulate" in line
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["profile", "gemm-rs", "--emulate"], "no kernels for workload"),
+    (["profile", "ag-gemm", "--emulate", "--variants", "fused-magic"], "unknown ag-gemm variant"),
+    (["profile", "ag-gemm", "--emulate", "--shape", "M=100,N=64,K=32", "--gpus", "3"], "divisible"),
+    (["profile", "ag-gemm", "--emulate", "--config", "block_m"], "not key=value"),
+    (["profile", "ag-gemm", "--emulate", "--iters", "0"], "--iters"),
+])
+def test_bad_profile_input_is_one_line_and_exit_2(argv, needle):
+    r = subprocess.run([sys.executable, "-m", "taxes.cli.main"] + argv, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr
