@@ -101,26 +101,13 @@ def _short_cfg(cfg) -> str:
     return f"[{cfg.producer} copiers={cfg.copiers} chunk={cfg.chunk_rows} bm{cfg.block_m} bn{cfg.block_n} s{cfg.num_stages}]"
 
 
-def _warm_clocks(ctx, seconds: float) -> None:
-    """Run large matmuls for a while so the first shape is not timed on idle clocks."""
-    if ctx.device.type != "cuda" or seconds <= 0:
-        return
-    a = torch.randn(8192, 8192, device=ctx.device, dtype=torch.bfloat16)
-    t0 = time.time()
-    while time.time() - t0 < seconds:
-        for _ in range(20):
-            a @ a
-        torch.cuda.synchronize()
-    del a
-
-
 def bench_job(ctx, args) -> dict:
-    from taxes.harness import gpu_metadata, time_iterations
+    from taxes.harness import gpu_metadata, time_iterations, warm_clocks
 
     dtype = ag.TORCH_DTYPES[args.dtype]
     cases = []
     tuned = []
-    _warm_clocks(ctx, args.warm_s)
+    warm_clocks(ctx, args.warm_s)
     ctx.barrier()
     for (M, N, K) in args.shapes:
         N_local = N // ctx.world

@@ -207,6 +207,23 @@ def gpu_metadata() -> dict:
     return meta
 
 
+def agree(ctx, res: dict, step) -> None:
+    """Run step() unless res["error"] is set; afterwards every rank knows whether any rank failed
+    (res["error"]: this rank's one line, or "failed on another rank"), so no rank enters a collective
+    the others skipped."""
+    failed = 0.0
+    if res["error"] is None:
+        try:
+            step()
+        except Exception as e:
+            res["error"] = f"rank {ctx.rank}: {type(e).__name__}: {e}".splitlines()[0][:300]
+            failed = 1.0
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize()
+    if ctx.all_max([failed])[0] and res["error"] is None:
+        res["error"] = "failed on another rank"
+
+
 def check_and_time(ctx, build, check, input_sets: list, iters: int, warmup: int) -> dict:
     """Build a variant, check it once, time it; every rank ends with the same verdict.
 
@@ -217,17 +234,7 @@ def check_and_time(ctx, build, check, input_sets: list, iters: int, warmup: int)
     res = {"samples": [], "rel_error": None, "median": float("inf"), "error": None, "run": None}
 
     def phase(step):
-        failed = 0.0
-        if res["error"] is None:
-            try:
-                step()
-            except Exception as e:
-                res["error"] = f"rank {ctx.rank}: {type(e).__name__}: {e}".splitlines()[0][:300]
-                failed = 1.0
-                if ctx.device.type == "cuda":
-                    torch.cuda.synchronize()
-        if ctx.all_max([failed])[0] and res["error"] is None:
-            res["error"] = "failed on another rank"
+        agree(ctx, res, step)
 
     def build_and_check():
         res["run"] = build()

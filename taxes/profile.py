@@ -45,23 +45,6 @@ class Job:
     progress: bool
 
 
-def _agree(ctx, res: dict, step) -> None:
-    """Run one step; afterwards every rank knows whether any rank failed (as in harness.check_and_time)."""
-    import torch
-
-    failed = 0.0
-    if res["error"] is None:
-        try:
-            step()
-        except Exception as e:  # one line: rank, type and message
-            res["error"] = f"rank {ctx.rank}: {type(e).__name__}: {e}".splitlines()[0][:300]
-            failed = 1.0
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize()
-    if ctx.all_max([failed])[0] and res["error"] is None:
-        res["error"] = "failed on another rank"
-
-
 def _progress(ctx, job: Job, text: str) -> None:
     if ctx.rank == 0 and job.progress:
         print(f"[taxes] {text}", file=sys.stderr, flush=True)
@@ -87,7 +70,7 @@ def _rank_case(ctx, job: Job, shape: dict) -> dict:
     import torch
 
     from taxes.cases import TOLERANCE, fused_trace, make_case, rel_error
-    from taxes.harness import time_iterations, time_phases
+    from taxes.harness import agree, time_iterations, time_phases
 
     w = make_workload(job.workload, shape, job.world, job.dtype)
     ctx.doing(f"building the {job.workload} inputs for {shape}")
@@ -112,7 +95,7 @@ def _rank_case(ctx, job: Job, shape: dict) -> dict:
             if not res["rel_error"] <= TOLERANCE:
                 raise RuntimeError(f"relative error {res['rel_error']:.3g} above {TOLERANCE}")
 
-        _agree(ctx, res, build_and_check)
+        agree(ctx, res, build_and_check)
         runner = holder.get("run")
         fused = variant.startswith("fused")
 
@@ -143,8 +126,8 @@ def _rank_case(ctx, job: Job, shape: dict) -> dict:
                 rec.pop("cta", None)  # keep the per-CTA timeline of the last iteration only
             res["phased"] = recs
 
-        _agree(ctx, res, plain)
-        _agree(ctx, res, phased)
+        agree(ctx, res, plain)
+        agree(ctx, res, phased)
         if res["rel_error"] is not None:
             res["rel_error"] = ctx.all_max([res["rel_error"]])[0]
         out["variants"].append(res)
@@ -341,7 +324,8 @@ def _attribute_variant(name, phased, w, fl, hw, model_of) -> dict:
             phases.append({"rank": r, "name": pname, "role": role if role in ("compute", "communication") else "compute",
                            "start_us": st, "end_us": max(st, en), "label": "measured"})
     for r in range(len(phased)):
-        _shade_phases([ph for ph in phases if ph["rank"] == r], res["per_rank"][r], fl, fused)
+        traced_names = set(phased[r][0].get("traced", {}))
+        _shade_phases([ph for ph in phases if ph["rank"] == r], res["per_rank"][r], fl, fused, traced_names)
     instrumented = [max(it[r]["e2e_us"] for r in range(len(it))) for it in iterations]
     out = {"phases": phases, "components": attribution.component_entries(res),
            "attribution": {"instrumented_e2e_us": _median(instrumented),
@@ -360,7 +344,7 @@ def _attribute_variant(name, phased, w, fl, hw, model_of) -> dict:
     return out
 
 
-def _shade_phases(phases: list[dict], comp: dict, fl, fused: bool) -> None:
+def _shade_phases(phases: list[dict], comp: dict, fl, fused: bool, traced_names: set = frozenset()) -> None:
     """Give each phase `parts` (derived): a rank's components spread over the phases of the role that
     holds them, in proportion to duration; communication phases hold the bulk-synchronous tax and the
     unhideable link time, compute phases the rest (and, fused, the waiting). Any mismatch with the
@@ -375,14 +359,22 @@ def _shade_phases(phases: list[dict], comp: dict, fl, fused: bool) -> None:
                                  "ideal": unh}),
              (work, work_total, {"locality": comp["locality"], "ideal": max(0.0, comp["ideal"] - unh),
                                  "inefficiency": comp["inefficiency"]})]
-    if fused:
-        pools = [(work, work_total, {"sync_wait": comp["sync_wait"], "locality": comp["locality"],
-                                     "ideal": comp["ideal"], "inefficiency": comp["inefficiency"]})]
+    if fused:  # waiting and the launch inside a phase belong to the traced kernels; the rest to all phases
+        traced = [ph for ph in phases if ph["name"] in traced_names]
+        in_phase_launch = max(0.0, comp["launch"] - attribution.gaps_us(phases))
+        pools = [(traced, sum(dur[id(ph)] for ph in traced), {"sync_wait": comp["sync_wait"], "launch": in_phase_launch}),
+                 (phases, comm_total + work_total, {"locality": comp["locality"], "ideal": comp["ideal"],
+                                                    "inefficiency": comp["inefficiency"]})]
+    for ph in phases:
+        ph["parts"] = {}
     for group, total, parts in pools:
         for ph in group:
             share = dur[id(ph)] / total if total > 0 else 0.0
-            ph["parts"] = {k: v * share for k, v in parts.items() if v * share > 0}
-            ph["parts"]["unattributed"] = dur[id(ph)] - sum(ph["parts"].values())
+            for k, v in parts.items():
+                if v * share > 0:
+                    ph["parts"][k] = ph["parts"].get(k, 0.0) + v * share
+    for ph in phases:
+        ph["parts"]["unattributed"] = dur[id(ph)] - sum(ph["parts"].values())
 
 
 # ---- running --------------------------------------------------------------------------------------

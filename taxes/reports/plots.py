@@ -78,10 +78,10 @@ def timeline(case: dict) -> bytes:
                                edgecolors=COLORS["launch"], hatch="////", linewidth=0.5)
             x = ph["start_us"]
             parts = ph.get("parts") or {}
-            order = ["sync_wait", "locality", "ideal", "exposed_transfer", "inefficiency", "unattributed"]
+            order = ["launch", "sync_wait", "locality", "ideal", "exposed_transfer", "inefficiency", "unattributed"]
             for comp in order:
-                width = parts.get(comp, 0.0)
-                if width > 0:
+                width = min(parts.get(comp, 0.0), ph["end_us"] - x)  # parts beyond the phase (a floor above
+                if width > 0:  # what ran: negative unattributed) are not drawn past its end
                     ax.broken_barh([(x, width)], (y - 0.35, 0.7), facecolors=COLORS[comp], linewidth=0)
                     x += width
             ax.broken_barh([(ph["start_us"], ph["end_us"] - ph["start_us"])], (y - 0.35, 0.7), facecolors="none",
@@ -96,6 +96,7 @@ def timeline(case: dict) -> bytes:
     ax.set_title(f"timeline: {case_title(case)}", fontsize=9)
     handles = [Patch(facecolor=COLORS[c], label=COMPONENT_TITLES[c]) for c in COMPONENTS if c not in ("launch",)]
     handles.append(Patch(facecolor="white", edgecolor=COLORS["launch"], hatch="////", label="idle: kernel-launch tax"))
+    handles.append(Patch(facecolor=COLORS["launch"], label="launch inside a fused phase (traced)"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _png(fig)
 
