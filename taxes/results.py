@@ -72,12 +72,24 @@ def git_commit(path: str | Path | None = None) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def git_dirty(path: str | Path | None = None) -> bool | None:
+    """Whether the checkout has changes git would commit (the commit alone does not say what ran)."""
+    here = Path(path) if path else Path(taxes.__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
 def collect_metadata(kind: str, world_size: int, hardware_profile: str, **extra) -> dict:
     """Versions, commit, date and (when torch is already loaded with CUDA) the GPUs and their clocks."""
     meta = {
         "kind": kind,
         "tool_version": taxes.__version__,
         "git_commit": git_commit(),
+        "git_dirty": git_dirty(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "torch_version": _version("torch"),
         "triton_version": _version("triton"),

@@ -121,7 +121,7 @@ def ladder_rows(case: dict) -> tuple[list[str], list[list[str]]] | None:
 def _meta_line(doc: dict) -> str:
     m = doc["metadata"]
     gpus = ", ".join(m.get("gpu_names") or []) or "no GPU"
-    commit = (m.get("git_commit") or "unknown")[:10]
+    commit = (m.get("git_commit") or "unknown")[:10] + (" + uncommitted changes" if m.get("git_dirty") else "")
     return (f"{m['kind']} by taxes {m['tool_version']} (commit {commit}), {m.get('date', '?')}; hardware profile "
             f"{m['hardware_profile']}; world {m['world_size']}; {gpus}; torch {m.get('torch_version')}, "
             f"triton {m.get('triton_version')}")

@@ -1,0 +1,385 @@
+"""GEMM + reduce-scatter: out = rows [r*M/p, (r+1)*M/p) of sum over ranks of A_r @ W_r, bulk-synchronous
+and as one fused Triton kernel.
+
+Shapes (taxes/workloads.py GemmRs): K is split over p ranks; rank r holds A_r (M x K/p) and W_r (K/p x N),
+computes the partial C_r = A_r @ W_r (M x N), and ends with the M/p x N block of sum_r C_r that it owns
+(rows of rank r's shard). Inputs are ordinary local tensors: only the fused kernel's inbox and flags
+live in the symmetric heap.
+
+Variants:
+- bsp: torch.matmul into an M x N partial, then NCCL reduce_scatter_tensor (sum) into out;
+- bsp-graph: the same two calls captured in one CUDA graph;
+- fused-push: one persistent Triton kernel; each CTA computes an output tile of C_r and, for a tile
+  of a peer's rows, stores it into this rank's slot of the peer's inbox and raises a per-tile flag in
+  the peer's memory; for a tile of its own rows it waits for every peer's flag of that tile, adds the
+  peers' slots to its float32 accumulator and writes out (the owner reduces in its GEMM epilogue);
+- fused-push-graph: the fused kernel replayed from a CUDA graph;
+- torch-fused-rs: torch.ops.symm_mem.fused_matmul_reduce_scatter, the peer to beat (CUDA only).
+
+Why the fused kernel looks like this. The tiles are taken from a queue (an atomic counter) in owner
+order rank+1, rank+2, ..., rank: the peers' tiles first, so they are in flight while the rest is
+computed, and this rank's own rows last, when the peers' tiles for them have had most of the kernel to
+arrive. Rank s sends first to s+1, so every owner receives from one peer at a time. The owner's own
+partial never leaves registers (the workload model counts only the peers' partials as intermediate
+bytes), which is why the inbox has p-1 slots, not p: slot (src - owner - 1) mod p holds src's partial.
+Of the issue's two fused designs (the owner reduces as tiles arrive, or every producer writes a sum
+into the owner's buffer) this is the first, merged with the owner's own GEMM epilogue; the second needs
+remote atomic float adds (non-deterministic sums, fp32 output buffer) and was not built.
+
+Partials travel in the input dtype (bf16/fp16), as in bsp (torch.matmul writes a bf16 partial and NCCL
+reduces it) and in torch's fused_matmul_reduce_scatter: the link carries what the workload model counts
+((p-1) * M/p * N * elt per rank) and the error is no larger than bsp's, since the owner sums the p
+partials in float32 (its own unrounded). Config(fp32_partials=True) sends float32 partials instead
+(twice the link bytes) for an accuracy comparison.
+
+Reuse across calls: double buffering by epoch parity, no "free" flag. An epoch (one per call, the same
+on every rank, kept on the device in a counters buffer and published by the last CTA to finish, so a
+CUDA graph can replay the launch) stamps every flag; flags only grow and are tested with >=. In epoch e
+a rank writes the parity e%2 half of its peers' inboxes. The owner read that half last in epoch e-2;
+the writer is in epoch e, so it finished epoch e-1, whose own tiles waited for every peer's epoch e-1
+tiles; a peer that sent epoch e-1 tiles had started its epoch e-1 launch, so (stream order) its epoch
+e-2 launch, and with it every read of the half now being overwritten, had ended. A rank cannot run two
+epochs ahead of a peer for the same reason, so a flag at e+1 never covers a slot still holding e-1
+data. This costs twice the inbox memory (2 (p-1)/p M N elt bytes of symmetric heap) but no producer
+ever waits before it writes; a free flag would make a fast rank's first stores wait for the slowest
+owner to finish its reduction. It relies on one stream per rank running the calls in order.
+
+Under Triton's interpreter the programs of a launch run one after another; a program only ever waits
+for flags that other ranks raise, and every rank pushes all its peer tiles before it waits on any, so
+no program waits for a later program of its own rank. A static round-robin schedule would break that,
+so there is none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from taxes.kernels.ag_gemm import _descriptor, _num_sms, rel_error
+from taxes.kernels.runtime import RankContext, interpreting
+from taxes.kernels.sync import ERR_WORDS, peer_ptr, raise_if_timed_out, signal, wait_at_least, wait_budget
+
+__all__ = ["VARIANTS", "Config", "GemmRsBsp", "GemmRsFused", "GemmRsFusedGraph", "GemmRsTorchFused", "check_shape",
+           "make_variant", "reference", "rel_error", "reduce_scatter_rows"]
+
+VARIANTS = ("bsp", "bsp-graph", "fused-push", "fused-push-graph", "torch-fused-rs")
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The fused kernel's tiling. Untuned: 128x128 (not ag_gemm's 128x256) because an own tile holds its
+    float32 accumulator and a peer's partial tile in registers at once during the reduction."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+    grid: int = 0  # persistent CTAs; 0: one per SM
+    fp32_partials: bool = False  # send float32 partials (accuracy comparison; twice the link bytes)
+
+
+# ---- the kernel -----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rs_tile(t, a_desc, w_desc, c_desc, inbox_ptr, flags_ptr, bases, err_ptr, rank, epoch, N, K_local, shard_rows,
+             num_m_shard, num_n, budget, WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+             GROUP_M: tl.constexpr, INTERPRET: tl.constexpr, DOT_F32: tl.constexpr):
+    """Tile t of the queue: the K loop, then push it to its owner, or (own rows) reduce and write out."""
+    tiles_per_shard = num_m_shard * num_n
+    owner = (rank + 1 + t // tiles_per_shard) % WORLD
+    t_in = t % tiles_per_shard
+    per_group = GROUP_M * num_n  # row blocks grouped GROUP_M at a time so W tiles are reused from L2
+    first_m = (t_in // per_group) * GROUP_M
+    size_m = tl.minimum(num_m_shard - first_m, GROUP_M)
+    pm = first_m + (t_in % per_group) % size_m  # row block within the owner's shard
+    pn = (t_in % per_group) // size_m
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    off_m = owner * shard_rows + pm * BM
+    for k in range(0, K_local, BK):
+        a = a_desc.load([off_m, k])
+        b = w_desc.load([k, pn * BN])
+        if DOT_F32:  # Triton 3.6's interpreter multiplies bf16 wrongly; float32 is exact there
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+        else:
+            acc = tl.dot(a, b, acc)
+    rows = pm * BM + tl.arange(0, BM)
+    cols = pn * BN + tl.arange(0, BN)
+    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    mask = cols[None, :] < N
+    slot_elems = shard_rows.to(tl.int64) * N
+    parity = epoch % 2
+    flag = pm * num_n + pn  # the tile's flag within one source's block of flags
+    if owner != rank:
+        slot = (rank - owner - 1 + WORLD) % WORLD
+        dst = peer_ptr(inbox_ptr + (parity * (WORLD - 1) + slot) * slot_elems, bases, rank, owner)
+        tl.store(dst + offs, acc.to(inbox_ptr.dtype.element_ty), mask=mask)
+        signal(peer_ptr(flags_ptr + slot * tiles_per_shard + flag, bases, rank, owner), epoch, "sys")
+    else:
+        for d in range(1, WORLD):  # rank-1 sent first, then rank-2, ...
+            slot = (WORLD - 1) - d
+            wait_at_least(flags_ptr + slot * tiles_per_shard + flag, epoch, err_ptr, budget, 1,
+                          slot * tiles_per_shard + flag, "sys", INTERPRET)
+            part = tl.load(inbox_ptr + (parity * (WORLD - 1) + slot) * slot_elems + offs, mask=mask, other=0.0)
+            acc += part.to(tl.float32)
+        c_desc.store([pm * BM, pn * BN], acc.to(c_desc.dtype))
+
+
+@triton.jit(do_not_specialize=["rank", "budget"])
+def gemm_rs_fused_kernel(
+    a_desc, w_desc, c_desc,  # TMA: local A (M x K/p), local W (K/p x N), out (M/p x N)
+    inbox_ptr, flags_ptr, bases, counters_ptr, err_ptr,
+    rank, M, N, K_local, budget,
+    WORLD: tl.constexpr, GRID: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    GROUP_M: tl.constexpr, INTERPRET: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    # counters: [0] next tile of the queue, [1] CTAs finished, [2] the last finished call's epoch (on the
+    # device so a CUDA graph can replay the launch); the last CTA to finish resets the queue.
+    epoch = tl.load(counters_ptr + 2, volatile=True) + 1
+    shard_rows = M // WORLD
+    num_m_shard = shard_rows // BM
+    num_n = tl.cdiv(N, BN)
+    num_tiles = WORLD * num_m_shard * num_n
+    t = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
+    while t < num_tiles:
+        _rs_tile(t, a_desc, w_desc, c_desc, inbox_ptr, flags_ptr, bases, err_ptr, rank, epoch, N, K_local, shard_rows,
+                 num_m_shard, num_n, budget, WORLD, BM, BN, BK, GROUP_M, INTERPRET, DOT_F32)
+        t = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
+    done = tl.atomic_add(counters_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if done == GRID - 1:
+        tl.store(counters_ptr, 0)
+        tl.store(counters_ptr + 1, 0)
+        tl.atomic_xchg(counters_ptr + 2, epoch, sem="release", scope="gpu")
+
+
+# ---- the host side --------------------------------------------------------------------------------
+
+
+def check_shape(M: int, N: int, K: int, world: int, block_m: int | None = None) -> None:
+    """ValueError (one line) for a shape the variants cannot run: the splits must be exact, and TMA
+    needs 16-byte row strides (N and K/p multiples of 8 for 2-byte elements)."""
+    for name, v in (("M", M), ("N", N), ("K", K)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r} must be a positive whole number")
+    if M % world:
+        raise ValueError(f"M={M} is not divisible by the world size {world}")
+    if K % world:
+        raise ValueError(f"K={K} is not divisible by the world size {world}")
+    if block_m is not None:
+        if (M // world) % block_m:
+            raise ValueError(f"M/p={M // world} is not a multiple of block_m={block_m}")
+        if N % 8 or (K // world) % 8:
+            raise ValueError(f"N={N} and K/p={K // world} must be multiples of 8 (16-byte rows for TMA)")
+
+
+def _check_call(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, M: int, N: int, K_local: int, world: int) -> None:
+    want = ((M, K_local), (K_local, N), (M // world, N))
+    got = (tuple(a.shape), tuple(w.shape), tuple(out.shape))
+    if got != want:
+        raise ValueError(f"gemm-rs expects a, w, out of shapes {want}, got {got}")
+    if not (a.is_contiguous() and w.is_contiguous() and out.is_contiguous()):
+        raise ValueError("gemm-rs expects contiguous a, w and out")
+
+
+class GemmRsFused:
+    """A fused GEMM + reduce-scatter for one shape on one rank: owns its inbox, flags, counters and epoch.
+
+    All ranks build it with the same arguments (K is the full K; each rank holds K/p of it) and call it
+    the same number of times, on one stream; run(a, w, out) writes out = this rank's rows of sum_r A_r W_r."""
+
+    def __init__(self, ctx: RankContext, M: int, N: int, K: int, dtype: torch.dtype, config: Config = Config(),
+                 wait_s: float = 5.0):
+        p = ctx.world
+        check_shape(M, N, K, p, config.block_m)
+        self.interp = interpreting()
+        self.ctx, self.M, self.N, self.K_local, self.dtype, self.cfg = ctx, M, N, K // p, dtype, config
+        self.grid = config.grid or _num_sms(ctx.device)
+        self.tiles_per_shard = (M // p // config.block_m) * triton.cdiv(N, config.block_n)
+        heap = ctx.heap
+        slots = max(p - 1, 1)  # world 1: a one-element stand-in, never touched
+        inbox_dtype = torch.float32 if config.fp32_partials else dtype
+        self.inbox = heap.alloc((2, slots, M // p, N) if p > 1 else (1,), inbox_dtype)  # [parity][slot]
+        self.flags = heap.zeros((slots * self.tiles_per_shard,), torch.int32)  # [slot][tile], epochs
+        self.counters = torch.zeros(3, dtype=torch.int32, device=ctx.device)
+        self.err = torch.zeros(ERR_WORDS, dtype=torch.int32, device=ctx.device)
+        self.budget = wait_budget(wait_s, self.interp)
+        self.epoch = 0
+        ctx.barrier()  # every rank's flags are zero before anyone signals
+
+    def __call__(self, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        cfg, ctx = self.cfg, self.ctx
+        _check_call(a, w, out, self.M, self.N, self.K_local, ctx.world)
+        self.epoch += 1
+        if self.epoch >= 1 << 30:
+            raise RuntimeError("epoch counter exhausted; build a new GemmRsFused")
+        gemm_rs_fused_kernel[(self.grid,)](
+            _descriptor(a, [cfg.block_m, cfg.block_k]), _descriptor(w, [cfg.block_k, cfg.block_n]),
+            _descriptor(out, [cfg.block_m, cfg.block_n]),
+            self.inbox.local, self.flags.local, ctx.heap.bases, self.counters, self.err,
+            ctx.rank, self.M, self.N, self.K_local, self.budget,
+            WORLD=ctx.world, GRID=self.grid, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m,
+            INTERPRET=self.interp, DOT_F32=self.interp, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return out
+
+    def phases(self, a, w, out) -> list[tuple[str, str, object]]:
+        """One launch: a single phase."""
+        return [("fused-gemm-rs", "compute", lambda: self(a, w, out))]
+
+    def check(self, what: str = "fused GEMM + reduce-scatter") -> None:
+        """Raise FlagTimeout if any wait of the last calls gave up (synchronises), and re-arm."""
+        try:
+            raise_if_timed_out(self.err, self.ctx.rank, what, self._describe)
+        finally:
+            self.err.zero_()
+
+    def _describe(self, kind: int, index: int) -> str:
+        p, rank = self.ctx.world, self.ctx.rank
+        slot, tile = divmod(index, self.tiles_per_shard)
+        src = (rank + slot + 1) % p
+        return f"tile {tile} of rank {rank}'s rows from rank {src}"
+
+
+class GemmRsFusedGraph:
+    """fused-push-graph: the fused kernel replayed from a CUDA graph (one per input set); the epoch lives
+    on the device, so replays stay in step. Without CUDA it runs the kernel directly."""
+
+    def __init__(self, fused: GemmRsFused):
+        self.inner, self.ctx, self.cfg = fused, fused.ctx, fused.cfg
+        self.on_gpu = fused.ctx.device.type == "cuda"
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+
+    def __call__(self, a, w, out):
+        if not self.on_gpu:
+            return self.inner(a, w, out)
+        key = (a.data_ptr(), w.data_ptr(), out.data_ptr())
+        g = self._graphs.get(key)
+        if g is None:
+            self.inner(a, w, out)  # compile and warm up outside capture (a real call)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self.inner(a, w, out)
+            self._graphs[key] = g
+        g.replay()
+        return out
+
+    def phases(self, a, w, out):
+        return [("fused-gemm-rs", "compute", lambda: self(a, w, out))]
+
+    def check(self, what: str = "fused GEMM + reduce-scatter (graph)") -> None:
+        self.inner.check(what)
+
+
+# ---- bsp, bsp-graph, torch's fused op and the reference -------------------------------------------
+
+
+def reduce_scatter_rows(ctx: RankContext, out: torch.Tensor, partial) -> None:
+    """out = this rank's M/p rows of the sum over ranks of `partial` (M x N). NCCL on GPUs (partial a
+    tensor); emulated ranks (partial a SymBuffer) sum the peers' rows in float32 out of the symmetric heap
+    between two barriers (a stand-in with the same result, no timing meaning)."""
+    if ctx.backend == "cuda":
+        import torch.distributed as dist
+
+        dist.reduce_scatter_tensor(out, partial)
+        return
+    rows = out.shape[0]
+    r = ctx.rank
+    ctx.barrier()
+    total = torch.zeros(out.shape, dtype=torch.float32)
+    for q in range(ctx.world):
+        total += partial.peers[q][r * rows:(r + 1) * rows].float()
+    out.copy_(total)
+    ctx.barrier()  # no rank overwrites its partial while a peer still reads it
+
+
+class GemmRsBsp:
+    """bsp (and bsp-graph): torch.matmul into an M x N partial, then a reduce-scatter along M."""
+
+    def __init__(self, ctx: RankContext, M: int, N: int, K: int, dtype: torch.dtype, graph: bool = False):
+        check_shape(M, N, K, ctx.world)
+        self.ctx, self.M, self.N, self.K_local = ctx, M, N, K // ctx.world
+        self.graph = graph and ctx.device.type == "cuda"
+        if ctx.backend == "cuda":
+            self.partial = torch.empty(M, N, dtype=dtype, device=ctx.device)
+            self._partial_local = self.partial
+        else:  # the emulated reduce-scatter reads the peers' partials out of the heap
+            self.partial = ctx.heap.alloc((M, N), dtype)
+            self._partial_local = self.partial.local
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+
+    def phases(self, a, w, out) -> list[tuple[str, str, object]]:
+        """The eager steps as (name, role, thunk); running the thunks in order is one call."""
+        _check_call(a, w, out, self.M, self.N, self.K_local, self.ctx.world)
+        return [("matmul", "compute", lambda: torch.matmul(a, w, out=self._partial_local)),
+                ("reduce-scatter", "communication", lambda: reduce_scatter_rows(self.ctx, out, self.partial))]
+
+    def _eager(self, a, w, out):
+        for _, _, step in self.phases(a, w, out):
+            step()
+        return out
+
+    def __call__(self, a, w, out):
+        if not self.graph:
+            return self._eager(a, w, out)
+        key = (a.data_ptr(), w.data_ptr(), out.data_ptr())
+        g = self._graphs.get(key)
+        if g is None:  # one graph per input set (a graph replays fixed addresses)
+            self._eager(a, w, out)  # warm-up outside capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self._eager(a, w, out)
+            self._graphs[key] = g
+        g.replay()
+        return out
+
+
+class GemmRsTorchFused:
+    """torch.ops.symm_mem.fused_matmul_reduce_scatter (PyTorch's async tensor parallelism). It returns a
+    new tensor (its own workspace), which is returned as is: copying into out would time a copy too."""
+
+    def __init__(self, ctx: RankContext, M: int, N: int, K: int, dtype: torch.dtype):
+        if ctx.backend != "cuda":
+            raise NotImplementedError("torch-fused-rs needs CUDA symmetric memory (no CPU emulation)")
+        check_shape(M, N, K, ctx.world)
+        import torch.distributed as dist
+
+        self.ctx, self.M, self.N, self.K_local = ctx, M, N, K // ctx.world
+        self.group_name = dist.group.WORLD.group_name
+
+    def __call__(self, a, w, out):
+        _check_call(a, w, out, self.M, self.N, self.K_local, self.ctx.world)
+        return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, self.group_name)
+
+    def phases(self, a, w, out):
+        return [("fused-matmul-reduce-scatter", "compute", lambda: self(a, w, out))]
+
+
+def make_variant(ctx: RankContext, variant: str, M: int, N: int, K: int, dtype: torch.dtype,
+                 config: Config | None = None, wait_s: float = 5.0):
+    """A callable run(a, w, out) -> this rank's M/p x N rows, for one variant. K is the full K: a is
+    M x K/p, w is K/p x N, out is M/p x N."""
+    if variant in ("bsp", "bsp-graph"):
+        return GemmRsBsp(ctx, M, N, K, dtype, graph=variant == "bsp-graph")
+    if variant == "fused-push":
+        return GemmRsFused(ctx, M, N, K, dtype, config or Config(), wait_s=wait_s)
+    if variant == "fused-push-graph":
+        return GemmRsFusedGraph(GemmRsFused(ctx, M, N, K, dtype, config or Config(), wait_s=wait_s))
+    if variant == "torch-fused-rs":
+        return GemmRsTorchFused(ctx, M, N, K, dtype)
+    raise ValueError(f"unknown gemm-rs variant {variant!r}: choose from {', '.join(VARIANTS)}")
+
+
+def reference(a_parts: list[torch.Tensor], w_parts: list[torch.Tensor], rank: int) -> torch.Tensor:
+    """float32: rank's M/p rows of sum_r a_parts[r] @ w_parts[r]."""
+    p = len(a_parts)
+    rows = a_parts[0].shape[0] // p
+    return sum(a[rank * rows:(rank + 1) * rows].float() @ w.float() for a, w in zip(a_parts, w_parts))
+
