@@ -87,7 +87,7 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, hardware
                 timeout_s, config_text, output, force, fmt):
     """Run every variant of WORKLOAD on this node's GPUs and split each one's time into the three taxes."""
     from taxes.hardware import get_profile
-    from taxes.profile import plan, run_profile
+    from taxes.profiling import plan, run_profile
 
     if output and os.path.exists(output) and not os.path.isdir(output) and not force:
         raise TaxesError(f"{output}: already exists; pass --force to replace it (or -o a directory)")
@@ -187,7 +187,7 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
     import json
 
     from taxes.hardware import get_profile
-    from taxes.profile import profile, reattribute
+    from taxes.profiling import profile, reattribute
     from taxes.results import load, write_atomic
 
     hw = get_profile(hardware_name)

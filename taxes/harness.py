@@ -110,7 +110,7 @@ def time_phases(ctx, phases_of, input_sets: list, iters: int, warmup: int, label
 
     graph: the phases are captured (with their events) in one CUDA graph per input set and replayed.
     annotate: each phase also runs inside a torch.profiler record_function "taxes:LABEL:PHASE:ITER", so a
-    profiler trace of the same iterations can be matched phase by phase (taxes.profile.profiler_check).
+    profiler trace of the same iterations can be matched phase by phase (taxes.profiling.profiler_check).
 
     phases_of(*inputs) -> [(name, role, thunk)]; running the thunks in order is one call of the variant.
     Returns this rank's iterations: {"e2e_us", "phases": [{"name", "role", "start_us", "end_us"}]} with

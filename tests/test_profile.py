@@ -103,7 +103,7 @@ needs_real = pytest.mark.skipif(not REAL, reason="no committed result documents 
 def test_real_documents_validate_and_their_components_redo_exactly(path):
     from taxes.cases import MODEL_OF
     from taxes.model import floor_of
-    from taxes.profile import _attribute_variant
+    from taxes.profiling import _attribute_variant
     from taxes.workloads import make_workload
 
     doc = load(path)
@@ -133,7 +133,7 @@ def test_real_documents_validate_and_their_components_redo_exactly(path):
 
 @needs_real
 def test_reattribution_moves_the_floor_but_not_the_measurements():
-    from taxes.profile import reattribute
+    from taxes.profiling import reattribute
 
     doc = load(ROOT / "reports" / "profile" / "ag_gemm_N8192.json")
     other = reattribute(doc, get_profile("h200-sxm"))
@@ -160,7 +160,7 @@ def test_reports_of_a_real_document_show_every_view(tmp_path):
 
 
 def test_profiler_check_matches_phases_to_their_kernels():
-    from taxes.profile import profiler_check
+    from taxes.profiling import profiler_check
 
     def launch(ts, corr):
         return {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 1, "ts": ts, "dur": 2.0,
@@ -188,7 +188,7 @@ TINY_AG = dict(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_s
 
 @pytest.mark.slow
 def test_emulated_profile_of_both_workloads_checks_every_variant_and_closes():
-    from taxes.profile import profile
+    from taxes.profiling import profile
 
     ag = profile("ag-gemm", ["M=64,N=48,K=32", "M=32,N=32,K=16"], 2, iters=3, warmup=1, emulate=True,
                  config=TINY_AG, timeout_s=300)

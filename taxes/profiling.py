@@ -45,9 +45,32 @@ class Job:
     progress: bool
 
 
-def _progress(ctx, job: Job, text: str) -> None:
-    if ctx.rank == 0 and job.progress:
+_BAR: dict = {}  # rank 0's rich progress bar, for the life of its rank process
+
+
+def _progress(ctx, job: Job, text: str, advance: int = 0) -> None:
+    """Rank 0 shows the run's progress on stderr: a rich bar over every (shape, variant, step) when stderr
+    is a terminal, one line per step otherwise (logs)."""
+    if ctx.rank != 0 or not job.progress:
+        return
+    if not sys.stderr.isatty():
         print(f"[taxes] {text}", file=sys.stderr, flush=True)
+        return
+    if "bar" not in _BAR:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       console=Console(stderr=True), transient=True)
+        bar.start()
+        _BAR["bar"] = bar
+        _BAR["task"] = bar.add_task("taxes", total=len(job.shapes) * len(job.variants) * 3)
+    _BAR["bar"].update(_BAR["task"], description=f"[taxes] {text}", advance=advance)
+
+
+def _progress_done() -> None:
+    if "bar" in _BAR:
+        _BAR.pop("bar").stop()
 
 
 def rank_job(ctx, job: Job) -> dict:
@@ -58,11 +81,14 @@ def rank_job(ctx, job: Job) -> dict:
 
     warm_clocks(ctx, 2.0)
     out = {"cases": [], "meta": gpu_metadata() if ctx.rank == 0 else {}}
-    for shape in job.shapes:
-        ctx.heap.reset()
-        out["cases"].append(_rank_case(ctx, job, shape))
-        if ctx.device.type == "cuda":
-            torch.cuda.empty_cache()
+    try:
+        for shape in job.shapes:
+            ctx.heap.reset()
+            out["cases"].append(_rank_case(ctx, job, shape))
+            if ctx.device.type == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        _progress_done()
     return out
 
 
@@ -101,7 +127,7 @@ def _rank_case(ctx, job: Job, shape: dict) -> dict:
 
         def plain():
             ctx.doing(f"{variant}: timing")
-            _progress(ctx, job, f"{variant}: {job.iters} timed iterations")
+            _progress(ctx, job, f"{variant}: {job.iters} timed iterations", advance=1)
             res["samples"] = time_iterations(ctx, runner, case.inputs, job.iters, job.warmup, label=variant)
             if hasattr(runner, "check"):
                 runner.check()
@@ -110,7 +136,7 @@ def _rank_case(ctx, job: Job, shape: dict) -> dict:
             if not hasattr(runner, "phases"):
                 return
             ctx.doing(f"{variant}: per-phase timing")
-            _progress(ctx, job, f"{variant}: {job.iters} instrumented iterations")
+            _progress(ctx, job, f"{variant}: {job.iters} instrumented iterations", advance=1)
 
             def after(rec):
                 tr = fused_trace(runner) if fused else None
@@ -128,6 +154,7 @@ def _rank_case(ctx, job: Job, shape: dict) -> dict:
 
         agree(ctx, res, plain)
         agree(ctx, res, phased)
+        _progress(ctx, job, f"{variant}: done", advance=1)
         if res["rel_error"] is not None:
             res["rel_error"] = ctx.all_max([res["rel_error"]])[0]
         out["variants"].append(res)
