@@ -228,8 +228,8 @@ class GemmRsFused:
         )
         return out
 
-    def phases(self, a, w, out) -> list[tuple[str, str, object]]:
-        """One launch: a single phase."""
+    def phases(self, a, w, out, traced: bool = False) -> list[tuple[str, str, object]]:
+        """One launch: a single phase. (No traced build yet: `traced` is accepted and ignored.)"""
         return [("fused-gemm-rs", "compute", lambda: self(a, w, out))]
 
     def check(self, what: str = "fused GEMM + reduce-scatter") -> None:
@@ -270,7 +270,7 @@ class GemmRsFusedGraph:
         g.replay()
         return out
 
-    def phases(self, a, w, out):
+    def phases(self, a, w, out, traced: bool = False):
         return [("fused-gemm-rs", "compute", lambda: self(a, w, out))]
 
     def check(self, what: str = "fused GEMM + reduce-scatter (graph)") -> None:
@@ -314,7 +314,7 @@ class GemmRsBsp:
             self._partial_local = self.partial.local
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
 
-    def phases(self, a, w, out) -> list[tuple[str, str, object]]:
+    def phases(self, a, w, out, traced: bool = False) -> list[tuple[str, str, object]]:
         """The eager steps as (name, role, thunk); running the thunks in order is one call."""
         _check_call(a, w, out, self.M, self.N, self.K_local, self.ctx.world)
         return [("matmul", "compute", lambda: torch.matmul(a, w, out=self._partial_local)),
@@ -358,7 +358,7 @@ class GemmRsTorchFused:
         _check_call(a, w, out, self.M, self.N, self.K_local, self.ctx.world)
         return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w, "sum", 0, self.group_name)
 
-    def phases(self, a, w, out):
+    def phases(self, a, w, out, traced: bool = False):
         return [("fused-matmul-reduce-scatter", "compute", lambda: self(a, w, out))]
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from taxes.workloads import AgGemm, FlashDecode, Workload
+from taxes.workloads import AgGemm, FlashDecode, GemmRs, Workload
 
 L2_BYTES = 60 << 20  # H100/H200 L2 is 50-60 MiB: three times that rotates out of it
 TOLERANCE = 1e-2
@@ -21,6 +21,7 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 VARIANTS = {
     "ag-gemm": ("bsp", "bsp-graph", "fused-pull", "fused-push", "fused-push-graph", "torch-async-tp"),
     "flash-decode": ("bsp", "bsp-graph", "fused-push", "fused-push-graph"),
+    "gemm-rs": ("bsp", "bsp-graph", "fused-push", "fused-push-graph", "torch-fused-rs"),
 }
 # the model variant whose prediction (and intermediate bytes) a measured variant is compared with
 MODEL_OF = {"bsp": "bsp", "bsp-graph": "bsp-graph", "fused-pull": "fused-pull", "fused-push": "fused-push",
@@ -101,6 +102,34 @@ def flash_decode_case(ctx, w: FlashDecode, wait_s: float, config_overrides: dict
     return Case(sets, ref, build, {"input_sets": n_sets, "kv_bytes": w.kv_bytes()})
 
 
+def gemm_rs_case(ctx, w: GemmRs, wait_s: float, config_overrides: dict | None = None) -> Case:
+    """A_r (M x K/p) and W_r (K/p x N) per rank; each rank ends with its M/p rows of sum_r A_r @ W_r."""
+    from taxes.kernels import gemm_rs as rs
+
+    dtype = TORCH_DTYPES[w.dtype]
+    M, N, K, p = w.M, w.N, w.K, w.world
+    K_local = K // p
+    n_sets = _sets_for((M * K_local + K_local * N + M * N) * w.elt, ctx.device.type == "cuda")
+    sets = []
+    for s in range(n_sets):
+        g = torch.Generator(device=ctx.device).manual_seed(1000 * s + 10 * ctx.rank + M + N + K)
+        a = ctx.heap.alloc((M, K_local), dtype)  # symmetric: the emulated reduce-scatter and torch's read peers
+        a.local.copy_(torch.randn(M, K_local, generator=g, device=ctx.device).to(dtype))
+        wl = (torch.randn(K_local, N, generator=g, device=ctx.device) / K ** 0.5).to(dtype)
+        sets.append((a.local, wl, torch.empty(M // p, N, dtype=dtype, device=ctx.device)))
+    ctx.barrier()
+    parts = _gather(ctx, torch.cat([sets[0][0].flatten(), sets[0][1].flatten()]).contiguous())
+    a_parts = [x[:M * K_local].view(M, K_local) for x in parts]
+    w_parts = [x[M * K_local:].view(K_local, N) for x in parts]
+    ref = rs.reference(a_parts, w_parts, ctx.rank)
+
+    def build(variant: str):
+        cfg = rs.Config(**(config_overrides or {})) if variant.startswith("fused") else None
+        return rs.make_variant(ctx, variant, M, N, K, dtype, cfg, wait_s=wait_s)
+
+    return Case(sets, ref, build, {"input_sets": n_sets})
+
+
 def _gather(ctx, t: torch.Tensor) -> torch.Tensor:
     """Every rank's t stacked (NCCL on GPUs; the symmetric heap when emulated)."""
     if ctx.backend == "cuda":
@@ -117,7 +146,7 @@ def _gather(ctx, t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-CASES = {"ag-gemm": ag_gemm_case, "flash-decode": flash_decode_case}
+CASES = {"ag-gemm": ag_gemm_case, "flash-decode": flash_decode_case, "gemm-rs": gemm_rs_case}
 
 
 def make_case(ctx, w: Workload, wait_s: float = 5.0, config_overrides: dict | None = None) -> Case:

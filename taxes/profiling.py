@@ -182,7 +182,7 @@ def _record_trace(ctx, job: Job, case, w) -> dict | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     runners, failed = {}, 0.0
     for v in job.variants:
-        if v.endswith("-graph") or v == "torch-async-tp":
+        if v.endswith("-graph") or v.startswith("torch-"):
             continue  # a graph replays as one launch: its phases are not separate host ranges
         try:
             runners[v] = case.build(v)
@@ -426,6 +426,8 @@ def _heap_bytes(job: Job, shape: dict) -> int:
     if w.name == "ag-gemm":
         per_set = w.M * w.K * w.elt
         return 4 * per_set + (64 << 20)  # up to four rotated a_full sets, plus flags
+    if w.name == "gemm-rs":  # rotated A sets, and the fused kernel's double-buffered inbox of p-1 slots
+        return 4 * w.M * (w.K // w.world) * w.elt + 2 * w.M * w.N * 4 + (64 << 20)
     return int(4 * w.partial_bytes() * job.world * 2) + (64 << 20)
 
 
@@ -479,7 +481,7 @@ def plan(workload: str, shape: dict | str | list | None = None, gpus: int = 2, v
     if unknown:
         raise TaxesError(f"profile: unknown {workload} variant {unknown[0]!r} (choose from {', '.join(VARIANTS[workload])})")
     if emulate:
-        names = [v for v in names if v != "torch-async-tp"]  # needs CUDA symmetric memory
+        names = [v for v in names if not v.startswith("torch-")]  # PyTorch's fused ops need CUDA symmetric memory
     else:
         _check_memory(ws, names)
     return Job(workload, [shape_of(w) for w in ws], gpus, dtype, names, iters, warmup, wait_s, trace_dir, config or {},

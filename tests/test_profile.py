@@ -237,7 +237,7 @@ def test_profile_without_a_gpu_says_what_to_do_instead():
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["profile", "gemm-rs", "--emulate"], "no kernels for workload"),
+    (["profile", "all-reduce", "--emulate"], "no kernels for workload"),
     (["profile", "ag-gemm", "--emulate", "--variants", "fused-magic"], "unknown ag-gemm variant"),
     (["profile", "ag-gemm", "--emulate", "--shape", "M=100,N=64,K=32", "--gpus", "3"], "divisible"),
     (["profile", "ag-gemm", "--emulate", "--config", "block_m"], "not key=value"),
@@ -248,3 +248,19 @@ def test_bad_profile_input_is_one_line_and_exit_2(argv, needle):
                        env=dict(os.environ, TRITON_INTERPRET="1"))
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr
+
+
+@pytest.mark.slow
+def test_emulated_profile_of_gemm_rs():
+    from taxes.profiling import profile
+
+    res = profile("gemm-rs", "M=64,N=40,K=48", 2, iters=2, warmup=0, emulate=True,
+                  config=dict(block_m=16, block_n=16, block_k=16, grid=4), timeout_s=300)
+    validate(res.document)
+    variants = res.document["cases"][0]["variants"]
+    assert {v["variant"] for v in variants} == {"bsp", "bsp-graph", "fused-push", "fused-push-graph"}
+    assert all(v["correctness"]["passed"] for v in variants)
+    for v in variants:
+        for r in (0, 1):
+            total = math.fsum(c["value_us"] for c in v["components"] if c["rank"] == r)
+            assert total > 0 and all(math.isfinite(c["value_us"]) for c in v["components"])
