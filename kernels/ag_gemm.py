@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from taxes.kernels.runtime import RankContext, SymBuffer, interpreting
+from taxes.kernels.runtime import RankContext, SymBuffer, interpreting, replay_graph
 from taxes.kernels.sync import (
     ERR_WORDS,
     globaltimer_ns,
@@ -505,16 +505,8 @@ class AgGemmBsp:
     def __call__(self, a_full: SymBuffer, w_local, out):
         if not self.graph:
             return self._eager(a_full, w_local, out)
-        key = (a_full.local.data_ptr(), w_local.data_ptr(), out.data_ptr())
-        g = self._graphs.get(key)
-        if g is None:  # one graph per input set (a graph replays fixed addresses)
-            self._eager(a_full, w_local, out)  # warm-up outside capture
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                self._eager(a_full, w_local, out)
-            self._graphs[key] = g
-        g.replay()
+        replay_graph(self._graphs, (a_full.local.data_ptr(), w_local.data_ptr(), out.data_ptr()),
+                     lambda: self._eager(a_full, w_local, out))
         return out
 
 
@@ -549,16 +541,8 @@ class AgGemmFusedGraph:
     def __call__(self, a_full: SymBuffer, w_local, out, traced: bool = False):
         if not self.on_gpu:
             return self.inner(a_full, w_local, out, traced)
-        key = (a_full.local.data_ptr(), w_local.data_ptr(), out.data_ptr(), traced)
-        g = self._graphs.get(key)
-        if g is None:
-            self.inner(a_full, w_local, out, traced)  # compile and warm up outside capture (a real call)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                self.inner(a_full, w_local, out, traced)
-            self._graphs[key] = g
-        g.replay()
+        replay_graph(self._graphs, (a_full.local.data_ptr(), w_local.data_ptr(), out.data_ptr(), traced),
+                     lambda: self.inner(a_full, w_local, out, traced))
         return out
 
     def phases(self, a_full, w_local, out, traced: bool = False):

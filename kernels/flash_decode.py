@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from taxes.kernels.runtime import RankContext, interpreting
+from taxes.kernels.runtime import RankContext, interpreting, replay_graph
 from taxes.kernels.sync import (
     ERR_WORDS,
     globaltimer_ns,
@@ -396,16 +396,9 @@ class FlashDecode:
     def __call__(self, q, k, v, out, traced: bool = False):
         if not self.graphed:
             return self._eager(q, k, v, out, traced)
-        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), traced)
-        g = self.graphs.get(key)
-        if g is None:  # one graph per input set: a graph replays fixed addresses
-            self._eager(q, k, v, out, traced)  # warm-up outside capture (also a real call: epochs stay in step)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                self._eager(q, k, v, out, traced)
-            self.graphs[key] = g
-        g.replay()
+        # the warm-up call before the capture is a real call on every rank: device epochs stay in step
+        replay_graph(self.graphs, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), traced),
+                     lambda: self._eager(q, k, v, out, traced))
         return out
 
     def cta_trace(self) -> list[tuple[int, int, int]]:

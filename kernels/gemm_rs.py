@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 
 from taxes.kernels.ag_gemm import _descriptor, _num_sms, rel_error
-from taxes.kernels.runtime import RankContext, interpreting
+from taxes.kernels.runtime import RankContext, interpreting, replay_graph
 from taxes.kernels.sync import ERR_WORDS, peer_ptr, raise_if_timed_out, signal, wait_at_least, wait_budget
 
 __all__ = ["VARIANTS", "Config", "GemmRsBsp", "GemmRsFused", "GemmRsFusedGraph", "GemmRsTorchFused", "check_shape",
@@ -258,16 +258,7 @@ class GemmRsFusedGraph:
     def __call__(self, a, w, out):
         if not self.on_gpu:
             return self.inner(a, w, out)
-        key = (a.data_ptr(), w.data_ptr(), out.data_ptr())
-        g = self._graphs.get(key)
-        if g is None:
-            self.inner(a, w, out)  # compile and warm up outside capture (a real call)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                self.inner(a, w, out)
-            self._graphs[key] = g
-        g.replay()
+        replay_graph(self._graphs, (a.data_ptr(), w.data_ptr(), out.data_ptr()), lambda: self.inner(a, w, out))
         return out
 
     def phases(self, a, w, out, traced: bool = False):
@@ -328,16 +319,7 @@ class GemmRsBsp:
     def __call__(self, a, w, out):
         if not self.graph:
             return self._eager(a, w, out)
-        key = (a.data_ptr(), w.data_ptr(), out.data_ptr())
-        g = self._graphs.get(key)
-        if g is None:  # one graph per input set (a graph replays fixed addresses)
-            self._eager(a, w, out)  # warm-up outside capture
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                self._eager(a, w, out)
-            self._graphs[key] = g
-        g.replay()
+        replay_graph(self._graphs, (a.data_ptr(), w.data_ptr(), out.data_ptr()), lambda: self._eager(a, w, out))
         return out
 
 

@@ -48,6 +48,21 @@ class RankError(RuntimeError):
     """A rank failed; the message is one line naming the rank and what it was doing."""
 
 
+def replay_graph(graphs: dict, key, run) -> None:
+    """Replay the CUDA graph of run() kept in graphs[key], capturing it first: one eager call (a real call,
+    which also compiles and warms up outside the capture), then the capture. One graph per input set,
+    since a graph replays fixed addresses."""
+    g = graphs.get(key)
+    if g is None:
+        run()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            run()
+        graphs[key] = g
+    g.replay()
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
