@@ -333,7 +333,9 @@ def hardware_show(name, fmt):
 @click.option("--format", "fmt", type=click.Choice(("table", "md", "json", "html")), default="table", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report here instead of stdout.")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
-def report(result, fmt, output, force):
+@click.option("--hardware", "hardware_name", default=None,
+              help="Re-attribute a profile with this hardware profile (e.g. a later calibration); measured times stay.")
+def report(result, fmt, output, force, hardware_name):
     """Render a result document (from taxes profile or taxes model --format json)."""
     from taxes.reports import render
     from taxes.results import load
@@ -344,6 +346,13 @@ def report(result, fmt, output, force):
     doc = load(result)
     if not doc["cases"]:
         raise TaxesError(f"{result}: the document holds no cases")
+    if hardware_name:
+        if doc["metadata"]["kind"] != "profile":
+            raise TaxesError(f"{result}: --hardware re-attributes measured documents; this one is a {doc['metadata']['kind']}")
+        from taxes.hardware import get_profile
+        from taxes.profiling import reattribute
+
+        doc = reattribute(doc, get_profile(hardware_name))
     if fmt == "json":
         _emit(render.render_json(doc), output, force)
     elif fmt == "md":

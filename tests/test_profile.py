@@ -264,3 +264,19 @@ def test_emulated_profile_of_gemm_rs():
         for r in (0, 1):
             total = math.fsum(c["value_us"] for c in v["components"] if c["rank"] == r)
             assert total > 0 and all(math.isfinite(c["value_us"]) for c in v["components"])
+
+
+@needs_real
+def test_report_can_reattribute_a_measured_document_with_another_profile():
+    path = ROOT / "reports" / "profile" / "ag_gemm_N8192.json"
+    base = [sys.executable, "-m", "taxes.cli.main", "report", str(path), "--format", "json"]
+    calibrated = json.loads(subprocess.run(base, capture_output=True, text=True, timeout=120, check=True).stdout)
+    datasheet = json.loads(subprocess.run(base + ["--hardware", "h200-sxm"], capture_output=True, text=True,
+                                          timeout=120, check=True).stdout)
+    a, b = calibrated["cases"][0]["variants"][0], datasheet["cases"][0]["variants"][0]
+    assert a["e2e_us"] == b["e2e_us"]
+    assert a["components_us"]["ideal"] != pytest.approx(b["components_us"]["ideal"])
+    model = subprocess.run([sys.executable, "-m", "taxes.cli.main", "report",
+                            str(ROOT / "reports" / "scaling" / "model_w2.json"), "--hardware", "h200-sxm"],
+                           capture_output=True, text=True, timeout=120)
+    assert model.returncode == 2 and "re-attributes measured documents" in model.stderr
