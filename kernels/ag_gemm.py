@@ -452,10 +452,7 @@ class AgGemmFused:
 
     def check(self, what: str = "fused all-gather + GEMM") -> None:
         """Raise FlagTimeout if any wait of the last calls gave up (synchronises), and re-arm."""
-        try:
-            raise_if_timed_out(self.err, self.ctx.rank, what, self._describe)
-        finally:
-            self.err.zero_()
+        raise_if_timed_out(self.err, self.ctx.rank, what, self._describe, rearm=True)
 
     def _describe(self, kind: int, index: int) -> str:
         if kind == 1:

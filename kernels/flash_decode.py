@@ -408,8 +408,6 @@ class FlashDecode:
 
     def check(self, what: str = "fused flash-decode combine") -> None:
         if self.fused:
-            try:
-                raise_if_timed_out(self.err, self.ctx.rank, what,
-                                   lambda kind, i: f"rows block {i % self.n_blocks} from rank {i // self.n_blocks}")
-            finally:
-                self.err.zero_()
+            raise_if_timed_out(self.err, self.ctx.rank, what,
+                               lambda kind, i: f"rows block {i % self.n_blocks} from rank {i // self.n_blocks}",
+                               rearm=True)

@@ -234,10 +234,7 @@ class GemmRsFused:
 
     def check(self, what: str = "fused GEMM + reduce-scatter") -> None:
         """Raise FlagTimeout if any wait of the last calls gave up (synchronises), and re-arm."""
-        try:
-            raise_if_timed_out(self.err, self.ctx.rank, what, self._describe)
-        finally:
-            self.err.zero_()
+        raise_if_timed_out(self.err, self.ctx.rank, what, self._describe, rearm=True)
 
     def _describe(self, kind: int, index: int) -> str:
         p, rank = self.ctx.world, self.ctx.rank

@@ -102,10 +102,13 @@ class FlagTimeout(RuntimeError):
     """A fused kernel gave up waiting for a flag; the message names rank, flag and values."""
 
 
-def raise_if_timed_out(err: torch.Tensor, rank: int, what: str, describe=None) -> None:
-    """Check a kernel's error buffer (synchronises with the device)."""
+def raise_if_timed_out(err: torch.Tensor, rank: int, what: str, describe=None, rearm: bool = False) -> None:
+    """Check a kernel's error buffer (synchronises with the device). rearm: clear a reported timeout, so
+    the next calls' waits are bounded again instead of giving up at once."""
     e = err.tolist()
     if e[0]:
+        if rearm:
+            err.zero_()
         kind = FLAG_KINDS.get(e[1], f"kind {e[1]}")
         where = describe(e[1], e[2]) if describe else f"index {e[2]}"
         raise FlagTimeout(f"rank {rank}: {what} gave up waiting for the {kind} flag ({where}) to reach {e[3]}; "
