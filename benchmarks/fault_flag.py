@@ -9,7 +9,8 @@ Faults tried (world 2, backend cuda):
   host error names the rank, the flag index and the value waited for, after about the wait budget;
   the same wait on a flag that was raised returns;
 - the same timeout left uncaught: launch() raises RankError naming the rank;
-- a silent peer in the fused kernels (ag-gemm fused-push and fused-pull, flash-decode fused-push):
+- a silent peer in the fused kernels (ag-gemm fused-push and fused-pull, flash-decode fused-push,
+  gemm-rs fused-push):
   the waiting rank's kernel gives up and check() raises FlagTimeout instead of hanging;
 - a rank that raises; a rank killed with SIGKILL while its peer waits in an NCCL barrier: RankError
   naming the rank and its last ctx.doing(...), every rank process gone (and none on nvidia-smi);
@@ -38,6 +39,7 @@ from taxes.kernels.runtime import RankError, launch, torchrun_rank  # noqa: E402
 from taxes.kernels.sync import FlagTimeout, wait_for_flag  # noqa: E402
 
 WAIT_S = 0.5  # the budget of every planted wait
+SILENT_LIMIT_S = 90  # the launcher's deadline for a silent-peer fault (compiling included): a hang fails it
 
 
 # ---- rank jobs (module level: spawned ranks import them) ------------------------------------------------
@@ -119,6 +121,32 @@ def silent_flash_decode_job(ctx, wait_s):
     return message
 
 
+def silent_gemm_rs_job(ctx, wait_s):
+    """Rank 1 builds the fused GEMM + reduce-scatter but never runs it: rank 0 pushes its peer tiles, then
+    its own tiles wait for rank 1's partials, which never come."""
+    from taxes.kernels import gemm_rs as rs
+
+    small = ctx.backend != "cuda"
+    M, N, K = (64, 32, 64) if small else (2048, 2048, 4096)
+    cfg = (rs.Config(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2, grid=4) if small
+           else rs.Config())
+    a = torch.randn(M, K // ctx.world, device=ctx.device, dtype=torch.bfloat16)
+    w = torch.randn(K // ctx.world, N, device=ctx.device, dtype=torch.bfloat16)
+    out = torch.empty(M // ctx.world, N, device=ctx.device, dtype=torch.bfloat16)
+    run = rs.make_variant(ctx, "fused-push", M, N, K, torch.bfloat16, cfg, wait_s=wait_s)
+    message = "silent"
+    if ctx.rank == 0:
+        ctx.doing("reducing with a silent peer")
+        run(a, w, out)
+        try:
+            run.check()
+            message = "no error"
+        except FlagTimeout as e:
+            message = str(e)
+    ctx.barrier()
+    return message
+
+
 def raising_job(ctx):
     ctx.doing("step 2: checking the planted failure")
     if ctx.rank == 1:
@@ -170,7 +198,7 @@ def fault_probe_uncaught(backend, world):
 def fault_silent_ag_gemm(variant):
     def run(backend, world):
         t0 = time.monotonic()
-        msg, silent = launch(silent_ag_gemm_job, world, variant, WAIT_S, backend=backend, timeout_s=300)
+        msg, silent = launch(silent_ag_gemm_job, world, variant, WAIT_S, backend=backend, timeout_s=SILENT_LIMIT_S)
         took = time.monotonic() - t0
         ok = msg.startswith("rank 0: fused all-gather + GEMM gave up waiting") and "rank 1" in msg and silent == "silent"
         return ok, f"[{took:.1f} s with launch] {msg}"
@@ -178,8 +206,16 @@ def fault_silent_ag_gemm(variant):
 
 
 def fault_silent_flash_decode(backend, world):
-    msg, silent = launch(silent_flash_decode_job, world, WAIT_S, backend=backend, timeout_s=300)
+    msg, silent = launch(silent_flash_decode_job, world, WAIT_S, backend=backend, timeout_s=SILENT_LIMIT_S)
     return msg.startswith("rank 0: fused flash-decode combine gave up waiting") and "from rank 1" in msg, msg
+
+
+def fault_silent_gemm_rs(backend, world):
+    t0 = time.monotonic()
+    msg, silent = launch(silent_gemm_rs_job, world, WAIT_S, backend=backend, timeout_s=SILENT_LIMIT_S)
+    took = time.monotonic() - t0
+    ok = msg.startswith("rank 0: fused GEMM + reduce-scatter gave up waiting") and "from rank 1" in msg and silent == "silent"
+    return ok, f"[{took:.1f} s with launch] {msg}"
 
 
 def fault_raising_rank(backend, world):
@@ -272,6 +308,7 @@ FAULTS = [
     ("silent peer, ag-gemm fused-push", fault_silent_ag_gemm("fused-push")),
     ("silent peer, ag-gemm fused-pull", fault_silent_ag_gemm("fused-pull")),
     ("silent peer, flash-decode fused-push", fault_silent_flash_decode),
+    ("silent peer, gemm-rs fused-push", fault_silent_gemm_rs),
     ("rank raises", fault_raising_rank),
     ("rank SIGKILLed while its peer waits in a collective", fault_killed_rank),
     ("preflight: GPUs and memory", fault_preflight),

@@ -34,12 +34,14 @@ import triton.language as tl
 from taxes.kernels.runtime import RankContext, interpreting, replay_graph
 from taxes.kernels.sync import (
     ERR_WORDS,
+    cta_clock_ns,
     globaltimer_ns,
     peer_ptr,
     raise_if_timed_out,
     record_timeout,
     signal,
     spent_since,
+    timed_out_elsewhere,
     wait_at_least,
     wait_budget,
 )
@@ -170,18 +172,22 @@ def _wait_data(box, row_ok, err_ptr, budget, index, epoch, D: tl.constexpr, SENT
                INTERPRET: tl.constexpr):
     """Spin until no value of this block of the inbox is the sentinel (the payload is the signal).
     Bounded like wait_at_least; returns the payload."""
+    # pending is a reduction (the same in every thread), the clock cta_clock_ns and the error word a scalar
+    # atomic: the whole CTA takes every branch together (kernels/sync.py says why it must)
     vals, lse, pending = _count_sentinels(box, row_ok, D, SENTINEL)
     if pending > 0:
-        start = globaltimer_ns(INTERPRET)
+        start = cta_clock_ns(INTERPRET)
         polls = 0
-        gave_up = tl.load(err_ptr, volatile=True)
+        gave_up = timed_out_elsewhere(err_ptr)
         while (pending > 0) & (gave_up == 0):
             vals, lse, pending = _count_sentinels(box, row_ok, D, SENTINEL)
             polls += 1
-            if spent_since(start, polls, INTERPRET) > budget:
-                if pending > 0:  # recorded as: waited for epoch `epoch`, `pending` values still sentinel
+            if (polls % 64 == 0) & (pending > 0):
+                if spent_since(start, polls, INTERPRET) > budget:  # recorded: waited for epoch `epoch`, `pending` values still sentinel
                     record_timeout(err_ptr, 3, index, epoch, pending)
                     gave_up = 1
+                else:
+                    gave_up = timed_out_elsewhere(err_ptr)
     return vals, lse
 
 

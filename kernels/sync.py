@@ -11,6 +11,14 @@ Triton's interpreter, which has no clock), records in the kernel's error buffer 
 waiting for, and makes every later wait of the launch give up at once, so the kernel ends and the host
 raises (`raise_if_timed_out`) instead of hanging.
 
+Every branch of a wait loop must be taken by the whole CTA: a scalar atomic (each poll, the error
+check, the timeout record) is lowered to one thread's atomic plus a CTA barrier that broadcasts its
+result, so warps that disagree about leaving the loop meet different barriers and the CTA hangs for
+good. The flag and error values come from scalar atomics (the same in every thread); the clock is
+read by every thread and reduced to one value (`cta_clock_ns`). A per-thread clock read or a volatile
+load here was the bug behind a silent peer hanging the 8-warp GEMM on the GPU while the 1-warp probe
+and the interpreter (no warps) timed out fine.
+
 Error buffer (int32[8], zeroed per call): [0] 1 if a wait gave up, [1] flag kind, [2] flag index,
 [3] value waited for, [4] value seen, [5] program id.
 """
@@ -51,13 +59,36 @@ def signal(flag_ptr, value, SCOPE: tl.constexpr):
 
 
 @triton.jit
+def cta_clock_ns(INTERPRET: tl.constexpr):
+    """%globaltimer as one value for the whole CTA (the latest of its threads' readings; a reduction
+    goes through shared memory, so every thread gets the same value). Threads of different warps read
+    the clock at different instants: a branch on their own reading would split the CTA."""
+    if INTERPRET:
+        t = tl.full((), 0, tl.int64)
+    else:
+        # 1024 lanes: at least one per thread for any num_warps, so no warp's reading is dropped as a replica
+        lanes = tl.zeros([1024], tl.int64)
+        stamps = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,l", [lanes], dtype=tl.int64,
+                                           is_pure=False, pack=1)
+        t = tl.max(stamps, 0)
+    return t
+
+
+@triton.jit
 def spent_since(start, polls, INTERPRET: tl.constexpr):
-    """How much of a wait's budget is used: ns on a GPU, polls under the interpreter."""
+    """How much of a wait's budget is used: ns on a GPU (start from cta_clock_ns), polls under the
+    interpreter. The same value in every thread of the CTA."""
     if INTERPRET:
         spent = polls.to(tl.int64)
     else:
-        spent = globaltimer_ns(INTERPRET) - start
+        spent = cta_clock_ns(INTERPRET) - start
     return spent
+
+
+@triton.jit
+def timed_out_elsewhere(err_ptr):
+    """1 once any wait of this launch gave up (a scalar atomic: the same value in every thread)."""
+    return tl.atomic_add(err_ptr, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -74,21 +105,22 @@ def record_timeout(err_ptr, kind, index, target, seen):
 @triton.jit
 def wait_at_least(flag_ptr, target, err_ptr, budget, kind, index, SCOPE: tl.constexpr, INTERPRET: tl.constexpr):
     """Spin until *flag_ptr >= target (acquire); bounded by `budget` (ns, or polls when interpreting)."""
+    # Every value a branch below depends on is CTA-uniform (module docstring): the polls are scalar
+    # atomics, the clock is cta_clock_ns; the clock and the error word are looked at every 64 polls.
     seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
     if seen < target:
-        start = globaltimer_ns(INTERPRET)
+        start = cta_clock_ns(INTERPRET)
         polls = 0
-        gave_up = tl.load(err_ptr, volatile=True)
+        gave_up = timed_out_elsewhere(err_ptr)
         while (seen < target) & (gave_up == 0):
             seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope=SCOPE)
             polls += 1
-            if spent_since(start, polls, INTERPRET) > budget:
-                if seen < target:
+            if (polls % 64 == 0) & (seen < target):
+                if spent_since(start, polls, INTERPRET) > budget:
                     record_timeout(err_ptr, kind, index, target, seen)
                     gave_up = 1
-            else:
-                if polls % 64 == 0:
-                    gave_up = tl.load(err_ptr, volatile=True)
+                else:
+                    gave_up = timed_out_elsewhere(err_ptr)
     tl.debug_barrier()
 
 
