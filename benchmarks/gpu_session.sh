@@ -4,11 +4,15 @@
 #   bash benchmarks/gpu_session.sh calibrate OUT     # this machine's hardware profile, and real traces
 #   bash benchmarks/gpu_session.sh sweeps OUT        # the benchmark sweeps of ag-gemm and flash decode,
 #                                                    # profiler cross-check traces, fault injection
+#   bash benchmarks/gpu_session.sh gemm-rs OUT       # tune the fused gemm-rs (merged into kernels/), its sweep,
+#                                                    # the gpu-marked tests and the fault script under torchrun
+#   bash benchmarks/gpu_session.sh tp-mlp OUT        # the tensor-parallel MLP layer's sweep
+#   bash benchmarks/gpu_session.sh flash-b1 OUT      # flash decode at batch 1: KV splits and block size trials
 #
 # Each stage fits one 10-minute call of the device tool; every command has its own time limit and
 # writes its result document as soon as it ends; the short table comes last.
 set -u
-stage=${1:?stage: calibrate or sweeps}
+stage=${1:?stage: calibrate, sweeps, gemm-rs, tp-mlp or flash-b1}
 OUT=${2:-${OUT:-bench-out}}
 HW=${HW:-reports/calibration/h200-x2-calibrated.json}
 CLI="python benchmarks/taxes_cli.py"
@@ -18,6 +22,38 @@ mkdir -p "$OUT"
 if [ "$stage" = calibrate ]; then
     timeout 330 python benchmarks/calibrate.py --out "$OUT/calibration" --name h200-x2-calibrated 2>&1 | tail -30
     timeout 120 python docs/record_traces.py --out "$OUT/traces_real" --world 2 2>&1 | tail -3
+    exit 0
+fi
+
+if [ "$stage" = gemm-rs ]; then
+    # issue 8's shapes: the MLP down projection of Llama-3 8B (N=H=4096, K=F=14336) and 70B (8192, 28672)
+    timeout 120 python benchmarks/gemm_rs.py --world 2 --install --shapes "${TUNE_SHAPES:-}" --out "$OUT/tune" 2>&1 | tail -12
+    cp kernels/gemm_rs_tuned.json "$OUT/"
+    shapes=""
+    for HF in 4096,14336 8192,28672; do for M in 1024 4096 16384; do
+        shapes="$shapes --shape M=$M,N=${HF%,*},K=${HF#*,}"; done; done
+    timeout 280 $CLI profile gemm-rs --gpus 2 $shapes --iters 30 --warmup 5 --hardware "$HW" \
+        -o "$OUT/gemm_rs.json" --force --timeout-s 270 --format md 2>&1 | summary
+    timeout 90 python -m pytest -m gpu -q -p no:cacheprovider tests/test_reliability.py 2>&1 | tail -4
+    timeout 40 torchrun --nproc-per-node 2 benchmarks/fault_flag.py 2>&1 | grep -E "^(ok|FAIL)" | cut -c1-300
+    exit 0
+fi
+if [ "$stage" = flash-b1 ]; then
+    # batch 1 leaves B x Hkv = 8 (batch, KV head) pairs: the split count sets the split-KV kernel's parallelism
+    for cfg in splits=0 splits=66 splits=132 block_n=128 splits=66,block_n=128; do
+        timeout 80 $CLI profile flash-decode --gpus 2 --shape B=1,S=8192 --shape B=1,S=32768 --shape B=1,S=131072 \
+            --iters 30 --warmup 5 --config "$cfg" --hardware "$HW" -o "$OUT/flash_b1_${cfg//[=,]/_}.json" --force \
+            --timeout-s 75 --format md 2>&1 | grep -E "^\| (E2E|speed)|^## |rror" | sed "s/^/[$cfg] /"
+    done
+    exit 0
+fi
+if [ "$stage" = tp-mlp ]; then
+    # issue 8's layer: Llama-3 8B and 70B MLPs, M tokens per layer call
+    shapes=""
+    for HF in 4096,14336 8192,28672; do for M in 1024 4096 16384; do
+        shapes="$shapes --shape M=$M,H=${HF%,*},F=${HF#*,}"; done; done
+    timeout 400 $CLI profile tp-mlp --gpus 2 $shapes --iters 20 --warmup 3 --hardware "$HW" \
+        -o "$OUT/tp_mlp.json" --force --timeout-s 390 --format md 2>&1 | summary
     exit 0
 fi
 

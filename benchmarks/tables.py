@@ -1,10 +1,13 @@
-"""The benchmark tables of docs/ag_gemm.md and docs/flash_decode.md, from committed result documents.
+"""The benchmark tables of docs/ag_gemm.md, docs/gemm_rs.md, docs/tp_mlp.md and docs/flash_decode.md, from
+committed result documents.
 
     python benchmarks/tables.py ag-gemm reports/profile/ag_gemm_N8192.json reports/profile/ag_gemm_N28672.json
+    python benchmarks/tables.py gemm-rs reports/gemm_rs/gemm_rs.json
+    python benchmarks/tables.py tp-mlp reports/tp_mlp/tp_mlp.json
     python benchmarks/tables.py flash-decode reports/profile/flash_decode.json --hbm-gbps 4200
 
 Prints Markdown: per shape the median E2E of every variant (max over ranks per iteration), the best fused
-variant's speed-up over bsp and over torch-async-tp (ag-gemm), or the KV-read floor (flash-decode).
+variant's speed-up over bsp and over PyTorch's fused op (ag-gemm, gemm-rs), or the KV-read floor (flash-decode).
 """
 
 from __future__ import annotations
@@ -22,22 +25,36 @@ def _medians(case: dict) -> dict[str, float]:
             and v["correctness"].get("passed")}
 
 
-def ag_gemm_table(docs: list[dict]) -> str:
+# per workload: the baseline, the prefix of the fused variants, PyTorch's own fused op, the shape's columns
+TABLES = {"ag-gemm": ("bsp", "fused", "torch-async-tp", ("M", "N")),
+          "gemm-rs": ("bsp", "fused", "torch-fused-rs", ("M", "N", "K")),
+          "tp-mlp": ("all-bsp", "all-fused", None, ("M", "H", "F"))}
+
+
+def speedup_table(workload: str, docs: list[dict]) -> str:
+    base, prefix, peer_name, dims = TABLES[workload]
     names = None
     lines = []
     for doc in docs:
         for case in doc["cases"]:
             med = _medians(case)
             names = names or [v["variant"] for v in case["variants"]]
-            fused = {n: t for n, t in med.items() if n.startswith("fused")}
-            best = min(fused, key=fused.get)
-            peer = med.get("torch-async-tp")
+            fused = {n: t for n, t in med.items() if n.startswith(prefix)}
+            best = min(fused, key=fused.get) if fused else None
+            peer = med.get(peer_name)
             s = case["shape"]
             cells = " | ".join(f"{med[n]:,.1f}" if n in med else "failed" for n in names)
-            lines.append(f"| {s['M']} | {s['N']} | {cells} | {best} | {med['bsp'] / fused[best]:.2f}x | "
-                         + (f"{peer / fused[best]:.2f}x |" if peer else "- |"))
-    head = "| M | N | " + " | ".join(names) + " | best fused | bsp / best | torch-async-tp / best |"
+            ratio = f"{med[base] / fused[best]:.2f}x" if best and base in med else "-"
+            vs_peer = f"{peer / fused[best]:.2f}x" if best and peer else "-"
+            lines.append(f"| {' | '.join(str(s[d]) for d in dims)} | {cells} | {best or '-'} | {ratio} |"
+                         + (f" {vs_peer} |" if peer_name else ""))
+    head = (f"| {' | '.join(dims)} | " + " | ".join(names) + f" | best fused | {base} / best |"
+            + (f" {peer_name} / best |" if peer_name else ""))
     return "\n".join([head, "|" + "---:|" * (head.count("|") - 1)] + lines)
+
+
+def ag_gemm_table(docs: list[dict]) -> str:
+    return speedup_table("ag-gemm", docs)
 
 
 def flash_decode_table(doc: dict, hbm_gbps: float) -> str:
@@ -58,12 +75,12 @@ def flash_decode_table(doc: dict, hbm_gbps: float) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workload", choices=["ag-gemm", "flash-decode"])
+    ap.add_argument("workload", choices=[*TABLES, "flash-decode"])
     ap.add_argument("documents", nargs="+")
     ap.add_argument("--hbm-gbps", type=float, default=4200.0, help="HBM bandwidth for the KV-read floor (GB/s)")
     args = ap.parse_args(argv)
     docs = [load(p) for p in args.documents]
-    print(ag_gemm_table(docs) if args.workload == "ag-gemm" else flash_decode_table(docs[0], args.hbm_gbps))
+    print(flash_decode_table(docs[0], args.hbm_gbps) if args.workload == "flash-decode" else speedup_table(args.workload, docs))
     return 0
 
 

@@ -25,7 +25,7 @@ fused combine: two launches, no collective).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -54,12 +54,21 @@ LOG2E = 1.4426950408889634
 
 @dataclass(frozen=True)
 class Config:
-    block_n: int = 64  # KV tokens per step of the split-KV loop
+    block_n: int = 0  # KV tokens per step of the split-KV loop; 0: block_n_for(B, Hkv)
     splits: int = 0  # splits per (batch, KV head); 0: fill the SMs about twice
     num_warps: int = 4
     num_stages: int = 2
     block_r: int = 16  # rows (batch x query head) per program of the combine kernels
     signal: str = "flag"  # fused: "flag" or "data" (sentinel overwritten by the payload)
+
+
+def block_n_for(B: int, Hkv: int) -> int:
+    """The split-KV step when the config leaves it open: 128 tokens when there are at most 8 (batch, KV
+    head) pairs, else 64. At batch 1 (8 pairs) the larger step keeps more bytes in flight per program:
+    fused-push-graph took 54/81/173 us at S=8K/32K/128K against 57/82/183 us with 64 (2 x H200, session
+    4, reports/flash_decode/flash_b1_trials.md; session 3's trial also had 128 fastest at S=128K). Larger
+    batches were measured with 64 only."""
+    return 128 if B * Hkv <= 8 else 64
 
 
 def split_count(S: int, B: int, Hkv: int, sm_count: int, block_n: int, requested: int = 0) -> tuple[int, int]:
@@ -307,6 +316,8 @@ class FlashDecode:
             raise ValueError(f"Hq={Hq} is not a multiple of Hkv={Hkv}")
         if D not in (64, 128):
             raise ValueError(f"head dim D={D} is not supported (64 or 128)")
+        if config.block_n == 0:
+            config = replace(config, block_n=block_n_for(B, Hkv))
         self.ctx, self.variant, self.cfg = ctx, variant, config
         self.B, self.Hq, self.Hkv, self.D, self.S = B, Hq, Hkv, D, S
         self.G = Hq // Hkv

@@ -52,7 +52,9 @@ so there is none.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -63,7 +65,7 @@ from taxes.kernels.runtime import RankContext, interpreting, replay_graph
 from taxes.kernels.sync import ERR_WORDS, peer_ptr, raise_if_timed_out, signal, wait_at_least, wait_budget
 
 __all__ = ["VARIANTS", "Config", "GemmRsBsp", "GemmRsFused", "GemmRsFusedGraph", "GemmRsTorchFused", "check_shape",
-           "make_variant", "reference", "rel_error", "reduce_scatter_rows"]
+           "make_variant", "reference", "tuned_config", "rel_error", "reduce_scatter_rows"]
 
 VARIANTS = ("bsp", "bsp-graph", "fused-push", "fused-push-graph", "torch-fused-rs")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -82,6 +84,24 @@ class Config:
     num_stages: int = 3
     grid: int = 0  # persistent CTAs; 0: one per SM
     fp32_partials: bool = False  # send float32 partials (accuracy comparison; twice the link bytes)
+    warp_spec: bool = False  # tl.range(warp_specialize=True) on the K loop (Hopper: producer/consumer warps)
+
+
+TUNED_FILE = Path(__file__).with_name("gemm_rs_tuned.json")
+
+
+def tuned_config(M: int, N: int, K: int, world: int) -> Config:
+    """The fused kernel's configuration for a shape: the tuned table's entry for the same N, K and world
+    with the nearest M (benchmarks/gemm_rs.py --tune measures the candidates on the GPUs and writes the
+    table; docs/gemm_rs.md says how), else the default Config()."""
+    if TUNED_FILE.exists():
+        rows = [r for r in json.loads(TUNED_FILE.read_text())["entries"]
+                if r["N"] == N and r["K"] == K and r["world"] == world]
+        if rows:
+            fields = set(Config.__dataclass_fields__)
+            best = min(rows, key=lambda r: abs(r["M"] - M))
+            return Config(**{k: v for k, v in best["config"].items() if k in fields})
+    return Config()
 
 
 # ---- the kernel -----------------------------------------------------------------------------------
@@ -90,7 +110,7 @@ class Config:
 @triton.jit
 def _rs_tile(t, a_desc, w_desc, c_desc, inbox_ptr, flags_ptr, bases, err_ptr, rank, epoch, N, K_local, shard_rows,
              num_m_shard, num_n, budget, WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-             GROUP_M: tl.constexpr, INTERPRET: tl.constexpr, DOT_F32: tl.constexpr):
+             GROUP_M: tl.constexpr, WARP_SPEC: tl.constexpr, INTERPRET: tl.constexpr, DOT_F32: tl.constexpr):
     """Tile t of the queue: the K loop, then push it to its owner, or (own rows) reduce and write out."""
     tiles_per_shard = num_m_shard * num_n
     owner = (rank + 1 + t // tiles_per_shard) % WORLD
@@ -102,13 +122,17 @@ def _rs_tile(t, a_desc, w_desc, c_desc, inbox_ptr, flags_ptr, bases, err_ptr, ra
     pn = (t_in % per_group) // size_m
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     off_m = owner * shard_rows + pm * BM
-    for k in range(0, K_local, BK):
-        a = a_desc.load([off_m, k])
-        b = w_desc.load([k, pn * BN])
-        if DOT_F32:  # Triton 3.6's interpreter multiplies bf16 wrongly; float32 is exact there
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-        else:
-            acc = tl.dot(a, b, acc)
+    if WARP_SPEC:
+        for k in tl.range(0, K_local, BK, warp_specialize=True):
+            acc = tl.dot(a_desc.load([off_m, k]), w_desc.load([k, pn * BN]), acc)
+    else:
+        for k in range(0, K_local, BK):
+            a = a_desc.load([off_m, k])
+            b = w_desc.load([k, pn * BN])
+            if DOT_F32:  # Triton 3.6's interpreter multiplies bf16 wrongly; float32 is exact there
+                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+            else:
+                acc = tl.dot(a, b, acc)
     rows = pm * BM + tl.arange(0, BM)
     cols = pn * BN + tl.arange(0, BN)
     offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
@@ -137,7 +161,7 @@ def gemm_rs_fused_kernel(
     inbox_ptr, flags_ptr, bases, counters_ptr, err_ptr,
     rank, M, N, K_local, budget,
     WORLD: tl.constexpr, GRID: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    GROUP_M: tl.constexpr, INTERPRET: tl.constexpr, DOT_F32: tl.constexpr,
+    GROUP_M: tl.constexpr, WARP_SPEC: tl.constexpr, INTERPRET: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     # counters: [0] next tile of the queue, [1] CTAs finished, [2] the last finished call's epoch (on the
     # device so a CUDA graph can replay the launch); the last CTA to finish resets the queue.
@@ -149,7 +173,7 @@ def gemm_rs_fused_kernel(
     t = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
     while t < num_tiles:
         _rs_tile(t, a_desc, w_desc, c_desc, inbox_ptr, flags_ptr, bases, err_ptr, rank, epoch, N, K_local, shard_rows,
-                 num_m_shard, num_n, budget, WORLD, BM, BN, BK, GROUP_M, INTERPRET, DOT_F32)
+                 num_m_shard, num_n, budget, WORLD, BM, BN, BK, GROUP_M, WARP_SPEC, INTERPRET, DOT_F32)
         t = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
     done = tl.atomic_add(counters_ptr + 1, 1, sem="acq_rel", scope="gpu")
     if done == GRID - 1:
@@ -224,7 +248,7 @@ class GemmRsFused:
             self.inbox.local, self.flags.local, ctx.heap.bases, self.counters, self.err,
             ctx.rank, self.M, self.N, self.K_local, self.budget,
             WORLD=ctx.world, GRID=self.grid, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m,
-            INTERPRET=self.interp, DOT_F32=self.interp, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            WARP_SPEC=cfg.warp_spec and not self.interp, INTERPRET=self.interp, DOT_F32=self.interp, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out
 
@@ -259,7 +283,9 @@ class GemmRsFusedGraph:
         return out
 
     def phases(self, a, w, out, traced: bool = False):
-        return [("fused-gemm-rs", "compute", lambda: self(a, w, out))]
+        """The eager kernel's phase: the harness captures phases into its own graph (a replay cannot be
+        captured)."""
+        return self.inner.phases(a, w, out, traced)
 
     def check(self, what: str = "fused GEMM + reduce-scatter (graph)") -> None:
         self.inner.check(what)
@@ -347,10 +373,9 @@ def make_variant(ctx: RankContext, variant: str, M: int, N: int, K: int, dtype: 
     M x K/p, w is K/p x N, out is M/p x N."""
     if variant in ("bsp", "bsp-graph"):
         return GemmRsBsp(ctx, M, N, K, dtype, graph=variant == "bsp-graph")
-    if variant == "fused-push":
-        return GemmRsFused(ctx, M, N, K, dtype, config or Config(), wait_s=wait_s)
-    if variant == "fused-push-graph":
-        return GemmRsFusedGraph(GemmRsFused(ctx, M, N, K, dtype, config or Config(), wait_s=wait_s))
+    if variant in ("fused-push", "fused-push-graph"):
+        fused = GemmRsFused(ctx, M, N, K, dtype, config or tuned_config(M, N, K, ctx.world), wait_s=wait_s)
+        return fused if variant == "fused-push" else GemmRsFusedGraph(fused)
     if variant == "torch-fused-rs":
         return GemmRsTorchFused(ctx, M, N, K, dtype)
     raise ValueError(f"unknown gemm-rs variant {variant!r}: choose from {', '.join(VARIANTS)}")

@@ -18,7 +18,8 @@ GIB = float(1 << 30)
 # Memory a rank uses besides its buffers: CUDA context, NCCL's buffers, cuBLAS workspace, Triton's
 # modules. Assumed, with margin: the CUDA context alone is ~0.5 GiB on an H100/H200.
 RESERVE_BYTES = 2 << 30
-VARIANTS = MODEL_VARIANTS + ("torch-async-tp",)  # torch-async-tp gathers like bsp (inside PyTorch)
+# PyTorch's fused ops allocate like bsp: torch-async-tp gathers A, torch-fused-rs holds the M x N partial
+VARIANTS = MODEL_VARIANTS + ("torch-async-tp", "torch-fused-rs")
 CONTROL_BYTES = 4096  # per rank: error words, counters and other small private tensors of a variant
 SM_COUNT = 132  # for flash-decode's split count when the device is not at hand (H100/H200)
 

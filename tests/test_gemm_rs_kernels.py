@@ -94,6 +94,9 @@ def _halves_kept(ctx, calls):
         a, w = _inputs(20 + i, ctx.rank, M, N, K // 2, torch.float16)  # fresh data: a rewrite would show
         run(a, w, out)
         run.check()
+        # Both ranks done with this call before looking: a peer may legitimately write this half again in
+        # epoch + 2, and without the barrier it could already be there (a race, not a fault).
+        ctx.barrier()
         epoch = i + 1
         if previous is not None:
             kept.append(torch.equal(run.inbox.local[previous[0]], previous[1]))
@@ -195,3 +198,26 @@ def test_every_variant_on_two_gpus():
     for variant in rs.VARIANTS:
         errors = launch(_job, 2, variant, rs.Config(), 1024, 1024, 1024, ("bf16",), 11, backend="cuda", timeout_s=300)
         assert all(e < 1e-2 for rank_errors in errors for e in rank_errors["bf16"]), (variant, errors)
+
+
+def _graph_phases_job(ctx):
+    """fused-push-graph's phases, as if on a GPU: the harness captures them into its own graph, so they
+    must run the kernel itself, never replay the runner's graph (a replay cannot be captured)."""
+    M, N, K = 32 * ctx.world, 16, 16 * ctx.world
+    run = rs.make_variant(ctx, "fused-push-graph", M, N, K, torch.float16, SMALL, wait_s=30.0)
+    run.on_gpu = True  # __call__ would now replay a CUDA graph, which fails on the CPU
+    a, w = _inputs(5, ctx.rank, M, N, K // ctx.world, torch.float16)
+    parts = [_inputs(5, q, M, N, K // ctx.world, torch.float16) for q in range(ctx.world)]
+    out = torch.full((M // ctx.world, N), float("nan"), dtype=torch.float16)
+    names = []
+    for name, role, thunk in run.phases(a, w, out):
+        names.append((name, role))
+        thunk()
+    run.check()
+    return names, rs.rel_error(out, rs.reference([x for x, _ in parts], [y for _, y in parts], ctx.rank))
+
+
+def test_graph_variant_phases_run_the_kernel_not_a_graph_replay():
+    for names, err in launch(_graph_phases_job, 2, timeout_s=120):
+        assert names == [("fused-gemm-rs", "compute")]
+        assert err < 1e-2
