@@ -145,17 +145,18 @@ def cli():
 @click.option("--sweep", help="Vary one dimension, doubling: e.g. M=1024:16384.")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 def model(workload, hardware_name, world, shape, dtype, variants, fmt, output, plot, sweep, force):
-    """Predict E2E and the three taxes of WORKLOAD (ag-gemm, gemm-rs, flash-decode) for every variant."""
+    """Predict E2E and the three taxes of WORKLOAD (ag-gemm, gemm-rs, flash-decode, tp-mlp) for every variant."""
     from taxes import model as m
     from taxes.hardware import get_profile
     from taxes.reports import render
     from taxes.results import dumps, model_document, summary_frame
-    from taxes.workloads import MODEL_VARIANTS, make_workload, parse_shape
+    from taxes.workloads import make_workload, model_variants, parse_shape
 
+    known = model_variants(workload)  # tp-mlp has variants of its own
     for v in variants:
-        if v not in MODEL_VARIANTS:
-            raise TaxesError(f"unknown variant {v!r}: the model knows {', '.join(MODEL_VARIANTS)}")
-    variants = tuple(dict.fromkeys(variants)) or MODEL_VARIANTS
+        if v not in known:
+            raise TaxesError(f"unknown variant {v!r}: the model knows {', '.join(known)}")
+    variants = tuple(dict.fromkeys(variants)) or known
     if plot and not plot.lower().endswith(".png"):
         raise TaxesError(f"--plot {plot}: the plot is a PNG file; name it *.png")
     for path in filter(None, (plot, output)):

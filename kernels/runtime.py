@@ -63,6 +63,30 @@ def replay_graph(graphs: dict, key, run) -> None:
     g.replay()
 
 
+def round_bf16_like_a_gpu() -> None:
+    """Make Triton 3.6's interpreter convert float32 to bfloat16 by rounding to nearest, as GPUs do,
+    instead of truncating: a bias of about 2^-9 per store, which the ag-gemm and gemm-rs kernels' bf16
+    stores inherit under emulation (four in a row put the fused tp-mlp layer at ~1.1%, over the 1e-2
+    tolerance, while it is ~0.35% with rounding). For emulated rank processes only (`taxes profile
+    --emulate` calls it); tests/test_tp_mlp.py keeps a strict xfail on the stock behaviour."""
+    import numpy as np
+    import triton.language as tl
+    import triton.runtime.interpreter as interp
+
+    stock = interp.InterpreterBuilder.cast_impl
+    if getattr(stock, "rounds_bf16", False):
+        return
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            f32 = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
+            return interp.TensorHandle(f32.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), dst_type.scalar)
+        return stock(self, src, dst_type)
+
+    cast_impl.rounds_bf16 = True
+    interp.InterpreterBuilder.cast_impl = cast_impl
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

@@ -29,6 +29,7 @@ import math
 import statistics
 
 from taxes.model import COMPONENTS, Floor
+from taxes.workloads import is_fused
 
 LABELS = {"ideal": "derived", "sync_wait": "derived", "exposed_transfer": "derived", "locality": "derived",
           "launch": "measured", "inefficiency": "derived", "unattributed": "derived"}
@@ -155,8 +156,10 @@ def trace_summary(cta_rows: list[tuple[float, float, float]]) -> dict:
 def ladder(e2e_median_us: dict[str, float]) -> dict:
     """The ablation ladder: bsp -> bsp-graph removes the launch tax; -> best fused removes the others."""
     out = {}
-    bsp, graph = e2e_median_us.get("bsp"), e2e_median_us.get("bsp-graph")
-    fused = {v: t for v, t in e2e_median_us.items() if v.startswith("fused") and t is not None}
+    # tp-mlp names its rungs all-bsp, all-graph and all-fused*
+    bsp = e2e_median_us.get("bsp", e2e_median_us.get("all-bsp"))
+    graph = e2e_median_us.get("bsp-graph", e2e_median_us.get("all-graph"))
+    fused = {v: t for v, t in e2e_median_us.items() if is_fused(v) and t is not None}
     if bsp is not None and graph is not None:
         out["launch_us"] = bsp - graph
     if graph is not None and fused:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from taxes.workloads import AgGemm, FlashDecode, GemmRs, Workload
+from taxes.workloads import TP_MLP_FUSED, TP_MLP_VARIANTS, AgGemm, FlashDecode, GemmRs, TpMlp, Workload
 
 L2_BYTES = 60 << 20  # H100/H200 L2 is 50-60 MiB: three times that rotates out of it
 TOLERANCE = 1e-2
@@ -22,12 +22,11 @@ VARIANTS = {
     "ag-gemm": ("bsp", "bsp-graph", "fused-pull", "fused-push", "fused-push-graph", "torch-async-tp"),
     "flash-decode": ("bsp", "bsp-graph", "fused-push", "fused-push-graph"),
     "gemm-rs": ("bsp", "bsp-graph", "fused-push", "fused-push-graph", "torch-fused-rs"),
+    "tp-mlp": TP_MLP_VARIANTS,
 }
 # the model variant whose prediction (and intermediate bytes) a measured variant is compared with
 MODEL_OF = {"bsp": "bsp", "bsp-graph": "bsp-graph", "fused-pull": "fused-pull", "fused-push": "fused-push",
-            "fused-push-graph": "fused-push"}
-
-
+            "fused-push-graph": "fused-push"} | {v: v for v in TP_MLP_VARIANTS}
 @dataclass
 class Case:
     inputs: list[tuple]  # input sets; run(*inputs[i]) writes the set's last tensor (the output)
@@ -124,8 +123,50 @@ def gemm_rs_case(ctx, w: GemmRs, wait_s: float, config_overrides: dict | None = 
     ref = rs.reference(a_parts, w_parts, ctx.rank)
 
     def build(variant: str):
-        cfg = rs.Config(**(config_overrides or {})) if variant.startswith("fused") else None
+        # the tuned table's configuration for this shape (kernels/gemm_rs_tuned.json), overrides on top
+        cfg = replace(rs.tuned_config(M, N, K, p), **(config_overrides or {})) if variant.startswith("fused") else None
         return rs.make_variant(ctx, variant, M, N, K, dtype, cfg, wait_s=wait_s)
+
+    return Case(sets, ref, build, {"input_sets": n_sets})
+
+
+def tp_mlp_case(ctx, w: TpMlp, wait_s: float, config_overrides: dict | None = None) -> Case:
+    """X_r rows in an M x H symmetric buffer (the other rows workspace), W1_r (H x 2F/p: gate columns,
+    then up columns) and W2_r (F/p x H) per rank; each rank ends with its M/p rows of the layer's output.
+    Weights are scaled by 1/sqrt(fan-in) so Y1, Z and the output stay O(1)."""
+    from taxes.kernels import ag_gemm as ag
+    from taxes.kernels import gemm_rs as rs
+    from taxes.kernels import tp_mlp as mlp
+
+    dtype = TORCH_DTYPES[w.dtype]
+    M, H, F, p = w.M, w.H, w.F, w.world
+    rows, f_local = M // p, F // p
+    parts = mlp.split_overrides(config_overrides)  # an unknown key fails here, before any variant is built
+    n_sets = _sets_for((M * H + 3 * H * f_local + rows * H) * w.elt, ctx.device.type == "cuda")
+    sets = []
+    for s in range(n_sets):
+        g = torch.Generator(device=ctx.device).manual_seed(1000 * s + 10 * ctx.rank + M + H + F)
+        x_full = ctx.heap.alloc((M, H), dtype)
+        x_full.local.fill_(float("nan"))  # peer rows are workspace, poisoned until a variant fills them
+        x_full.local[ctx.rank * rows:(ctx.rank + 1) * rows] = torch.randn(rows, H, generator=g, device=ctx.device).to(dtype)
+        w1 = (torch.randn(H, 2 * f_local, generator=g, device=ctx.device) / H ** 0.5).to(dtype)
+        w2 = (torch.randn(f_local, H, generator=g, device=ctx.device) / F ** 0.5).to(dtype)
+        sets.append((x_full, w1, w2, torch.empty(rows, H, dtype=dtype, device=ctx.device)))
+    ctx.barrier()
+    x0, w1_0, w2_0, _ = sets[0]
+    n1 = H * 2 * f_local
+    every = _gather(ctx, torch.cat([w1_0.flatten(), w2_0.flatten()]).contiguous())
+    ref = mlp.reference(x0.local[ctx.rank * rows:(ctx.rank + 1) * rows], [e[:n1].view(H, 2 * f_local) for e in every],
+                        [e[n1:].view(f_local, H) for e in every])
+    del every
+
+    def build(variant: str):
+        if variant not in TP_MLP_FUSED:
+            return mlp.make_variant(ctx, variant, M, H, F, dtype, wait_s=wait_s)
+        ag_cfg = replace(ag.tuned_config(M, 2 * F, H, p, "fused-push"), **parts["ag"])
+        rs_cfg = replace(rs.tuned_config(M, H, F, p), **parts["rs"])  # as gemm_rs_case: the tuned table's, overridden
+        return mlp.make_variant(ctx, variant, M, H, F, dtype, ag_cfg, rs_cfg, mlp.SwigluConfig(**parts["swiglu"]),
+                                wait_s=wait_s)
 
     return Case(sets, ref, build, {"input_sets": n_sets})
 
@@ -146,7 +187,7 @@ def _gather(ctx, t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-CASES = {"ag-gemm": ag_gemm_case, "flash-decode": flash_decode_case, "gemm-rs": gemm_rs_case}
+CASES = {"ag-gemm": ag_gemm_case, "flash-decode": flash_decode_case, "gemm-rs": gemm_rs_case, "tp-mlp": tp_mlp_case}
 
 
 def make_case(ctx, w: Workload, wait_s: float = 5.0, config_overrides: dict | None = None) -> Case:
@@ -157,7 +198,8 @@ def fused_trace(runner) -> dict | None:
     """The last traced call of a fused runner -> {phase name: per-CTA (start ns, end ns, wait ns)}."""
     if hasattr(runner, "cta_trace_rows"):  # ag-gemm: data chunks and peer ready/free both count as waiting
         rows = runner.cta_trace_rows()
-        return {"fused-gemm": [(r["start_ns"], r["end_ns"], r["data_wait_ns"] + r["peer_wait_ns"]) for r in rows]}
+        name = getattr(runner, "traced_phase", "fused-gemm")  # tp-mlp: the fused-ag-gemm phase of three
+        return {name: [(r["start_ns"], r["end_ns"], r["data_wait_ns"] + r["peer_wait_ns"]) for r in rows]}
     if hasattr(runner, "cta_trace") and getattr(runner, "fused", False):
         return {"fused-combine": [(s, e, wt) for s, wt, e in runner.cta_trace()]}
     return None

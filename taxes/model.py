@@ -17,11 +17,14 @@ from taxes.errors import TaxesError
 from taxes.hardware import HardwareProfile
 from taxes.workloads import (
     BSP_VARIANTS,
-    MODEL_VARIANTS,
+    TP_MLP_PART_VARIANT,
     AgGemm,
     FlashDecode,
     GemmRs,
+    TpMlp,
     Workload,
+    is_bsp_variant,
+    model_variants,
     replace_dim,
 )
 
@@ -285,7 +288,55 @@ def _flash_decode_steps(w: FlashDecode, variant: str, hw: HardwareProfile, fl: F
     return [attention, combine]
 
 
-_STEPS = {"ag-gemm": _ag_gemm_steps, "gemm-rs": _gemm_rs_steps, "flash-decode": _flash_decode_steps}
+def _tp_mlp_steps(w: TpMlp, variant: str, hw: HardwareProfile, fl: Floor, opt: ModelOptions) -> list[Step]:
+    """The ag-gemm steps for (M, 2F, H), the activation, the gemm-rs steps for (M, H, F).
+
+    The activation is all intermediate traffic (a _small_kernel_step): the SwiGLU kernel reads Y1 and
+    writes Z; torch's F.silu(g) * u is modelled as its two kernels, silu (reads the gate half, writes a
+    temporary) and mul (reads the temporary and the up half, writes Z). The first GEMM's write of Y1 and
+    the second's read of Z are added to those steps as locality too, so the layer's locality is
+    TpMlp.intermediate_bytes / HBM bandwidth. Each part's steps are split against the part's own floor;
+    the layer's floor is lower (each part's link time counts as unhideable on its own; Y1 and Z count
+    as the parts' essential bytes), so the ideal shares are scaled down to the layer's floor and the
+    rest charged to the same step: exposed transfer for a collective, inefficiency for a kernel."""
+    part = TP_MLP_PART_VARIANT[variant]
+    ag_w, rs_w = w.parts()
+    ag_steps = _ag_gemm_steps(ag_w, part, hw, floor_of(ag_w, hw), opt)
+    rs_steps = _gemm_rs_steps(rs_w, part, hw, floor_of(rs_w, hw), opt)
+    y1, z = w.y1_bytes(), w.z_bytes()
+    gemm1, gemm2 = ag_steps[-1], rs_steps[0]
+    gemm1.parts["locality"] += _hbm_us(y1, hw)
+    gemm2.parts["locality"] += _hbm_us(z, hw)
+    if part in BSP_VARIANTS:
+        gemm1.name, gemm2.name = "matmul1", "matmul2"
+        activation = [_small_kernel_step("silu", hw, _hbm_us(y1 / 2 + z, hw)),
+                      _small_kernel_step("mul", hw, _hbm_us(z + y1 / 2 + z, hw))]
+    else:
+        activation = [_small_kernel_step("swiglu", hw, _hbm_us(y1 + z, hw))]
+    steps = ag_steps + activation + rs_steps
+    _rescale_ideal(steps, fl.ideal_us)
+    return steps
+
+
+def _rescale_ideal(steps: list[Step], ideal_us: float) -> None:
+    """Scale the steps' ideal parts down to add up to ideal_us, charging what is taken off to the same
+    step (each step keeps its duration). Steps whose ideal adds up to less are left alone."""
+    total = math.fsum(s.parts.get("ideal", 0.0) for s in steps)
+    if total <= ideal_us:
+        return
+    keep = ideal_us / total
+    for s in steps:
+        ideal = s.parts.get("ideal", 0.0)
+        moved = ideal * (1.0 - keep)
+        s.parts["ideal"] = ideal - moved
+        charge = "exposed_transfer" if s.role == "communication" else "inefficiency"
+        s.parts[charge] = s.parts.get(charge, 0.0) + moved
+
+
+_STEPS = {"ag-gemm": _ag_gemm_steps, "gemm-rs": _gemm_rs_steps, "flash-decode": _flash_decode_steps,
+          "tp-mlp": _tp_mlp_steps}
+# Variants whose launches are one CUDA graph: one launch call, then launch_graph_us between kernels.
+GRAPH_VARIANTS = ("bsp-graph", "all-graph", "all-fused")
 
 
 # ---- the launch queue ----------------------------------------------------------------------------
@@ -299,7 +350,7 @@ def schedule(steps: list[Step], variant: str, hw: HardwareProfile) -> tuple[list
     CUDA graph: one launch call for the whole graph, then launch_graph_us between its kernels."""
     phases, t, idle = [], 0.0, 0.0
     for i, step in enumerate(steps):
-        if variant == "bsp-graph":
+        if variant in GRAPH_VARIANTS:
             ready = hw.launch_eager_us if i == 0 else t + hw.launch_graph_us
         else:
             ready = (i + 1) * hw.launch_eager_us
@@ -311,8 +362,9 @@ def schedule(steps: list[Step], variant: str, hw: HardwareProfile) -> tuple[list
 
 
 def predict(w: Workload, variant: str, hw: HardwareProfile, options: ModelOptions | None = None) -> Prediction:
-    if variant not in MODEL_VARIANTS:
-        raise TaxesError(f"unknown variant {variant!r}: the model knows {', '.join(MODEL_VARIANTS)}")
+    known = model_variants(w.name)
+    if variant not in known:
+        raise TaxesError(f"unknown variant {variant!r}: the model knows {', '.join(known)}")
     if w.dtype not in hw.matrix_tflops:
         raise TaxesError(f"hardware {hw.name} has no matrix peak for dtype {w.dtype}")
     opt = options or ModelOptions()
@@ -330,13 +382,14 @@ def predict(w: Workload, variant: str, hw: HardwareProfile, options: ModelOption
         comp[c] = max(0.0, v)
     e2e = math.fsum(comp[c] for c in COMPONENTS)
     exposed = math.fsum(s.duration_us for s in steps if s.role == "communication") + (
-        0.0 if variant in BSP_VARIANTS else comp["sync_wait"] + comp["exposed_transfer"] + min(fl.unhideable_link_us, comp["ideal"])
+        0.0 if is_bsp_variant(variant) else comp["sync_wait"] + comp["exposed_transfer"] + min(fl.unhideable_link_us, comp["ideal"])
     )
     return Prediction(w, variant, hw.name, e2e, comp, fl, exposed, phases)
 
 
-def predict_all(w: Workload, hw: HardwareProfile, variants=MODEL_VARIANTS, options: ModelOptions | None = None) -> list[Prediction]:
-    return [predict(w, v, hw, options) for v in variants]
+def predict_all(w: Workload, hw: HardwareProfile, variants=None, options: ModelOptions | None = None) -> list[Prediction]:
+    """Every variant's prediction (variants: default, every variant the model knows for the workload)."""
+    return [predict(w, v, hw, options) for v in (model_variants(w.name) if variants is None else variants)]
 
 
 def parse_sweep(text: str, workload: Workload) -> tuple[str, list[int]]:
@@ -360,7 +413,7 @@ def parse_sweep(text: str, workload: Workload) -> tuple[str, list[int]]:
     return dim, values
 
 
-def sweep(w: Workload, dim: str, values: list[int], hw: HardwareProfile, variants=MODEL_VARIANTS,
+def sweep(w: Workload, dim: str, values: list[int], hw: HardwareProfile, variants=None,
           options: ModelOptions | None = None) -> list[list[Prediction]]:
     """Predictions for each value of one dimension (each value validated like any shape)."""
     return [predict_all(replace_dim(w, dim, v), hw, variants, options) for v in values]

@@ -12,14 +12,15 @@ import math
 from dataclasses import dataclass, field
 
 from taxes.errors import TaxesError
-from taxes.workloads import MODEL_VARIANTS, PARTIAL_BYTES, AgGemm, FlashDecode, GemmRs, Workload
+from taxes.workloads import (MODEL_VARIANTS, PARTIAL_BYTES, TP_MLP_PART_VARIANT, TP_MLP_VARIANTS, AgGemm,
+                             FlashDecode, GemmRs, TpMlp, Workload)
 
 GIB = float(1 << 30)
 # Memory a rank uses besides its buffers: CUDA context, NCCL's buffers, cuBLAS workspace, Triton's
 # modules. Assumed, with margin: the CUDA context alone is ~0.5 GiB on an H100/H200.
 RESERVE_BYTES = 2 << 30
 # PyTorch's fused ops allocate like bsp: torch-async-tp gathers A, torch-fused-rs holds the M x N partial
-VARIANTS = MODEL_VARIANTS + ("torch-async-tp", "torch-fused-rs")
+VARIANTS = MODEL_VARIANTS + ("torch-async-tp", "torch-fused-rs") + TP_MLP_VARIANTS
 CONTROL_BYTES = 4096  # per rank: error words, counters and other small private tensors of a variant
 SM_COUNT = 132  # for flash-decode's split count when the device is not at hand (H100/H200)
 
@@ -157,6 +158,23 @@ def memory_breakdown(workload: Workload, variant: str, input_sets: int = 1, chec
             "symmetric heap": (2 * p * R * row + _flags(p * R)) if fused else p * R * row,
             # float32 K and V of one chunk, scores and probabilities, accumulators
             "reference check": (2 * B * Hkv * min(S, chunk) * D + 2 * R * min(S, chunk) + 2 * p * R * (D + 2)) * 4.0
+                               if check else 0.0,
+        }
+    elif isinstance(workload, TpMlp):
+        M, H, F = workload.M, workload.H, workload.F
+        rows, f_local = M // p, F // p
+        fused = TP_MLP_PART_VARIANT.get(variant, "").startswith("fused")
+        out = {
+            # X (M x H) is symmetric: a rank's own rows are its input, the rest the all-gather's workspace;
+            # fused: the gemm-rs inbox (double-buffered, p-1 slots of M/p x H) and flags
+            "symmetric heap": input_sets * M * H * e + ((2 * (p - 1) * rows * H * e + _flags(p * M)) if fused else 0.0),
+            "inputs": input_sets * 3 * H * f_local * e,  # W1_r (H x 2F/p) and W2_r (F/p x H)
+            "outputs": input_sets * rows * H * e,
+            # Y1 (M x 2F/p) and Z (M x F/p) in every variant; bsp also the gathered X, silu's temporary and
+            # the M x H partial product
+            "gathered": (3 * M * f_local + (0 if fused else M * H + M * f_local + M * H)) * e,
+            # every rank's W1 and W2 (input dtype), then float32 of this rank's rows through the layer
+            "reference check": (3 * H * F * e + (rows * H + 3 * H * F + 3 * rows * f_local + rows * H) * 4.0)
                                if check else 0.0,
         }
     else:

@@ -27,7 +27,7 @@ from pathlib import Path
 from taxes import attribution
 from taxes.errors import TaxesError
 from taxes.hardware import HardwareProfile
-from taxes.workloads import make_workload, shape_of
+from taxes.workloads import is_fused, is_graphed, make_workload, shape_of
 
 
 @dataclass
@@ -79,6 +79,10 @@ def rank_job(ctx, job: Job) -> dict:
 
     from taxes.harness import gpu_metadata, warm_clocks
 
+    if ctx.backend != "cuda":  # emulated: bf16 stores rounded as on a GPU, not truncated (Triton 3.6)
+        from taxes.kernels.runtime import round_bf16_like_a_gpu
+
+        round_bf16_like_a_gpu()
     warm_clocks(ctx, 2.0)
     out = {"cases": [], "meta": gpu_metadata() if ctx.rank == 0 else {}}
     try:
@@ -123,7 +127,7 @@ def _rank_case(ctx, job: Job, shape: dict) -> dict:
 
         agree(ctx, res, build_and_check)
         runner = holder.get("run")
-        fused = variant.startswith("fused")
+        fused = is_fused(variant)
 
         def plain():
             ctx.doing(f"{variant}: timing")
@@ -145,7 +149,7 @@ def _rank_case(ctx, job: Job, shape: dict) -> dict:
                     rec["cta"] = {name: rows for name, rows in tr.items()}
 
             recs = time_phases(ctx, lambda *x: runner.phases(*x, traced=fused), case.inputs, job.iters, job.warmup,
-                               label=f"{variant} phases", after=after, graph=variant.endswith("-graph"))
+                               label=f"{variant} phases", after=after, graph=is_graphed(variant))
             if hasattr(runner, "check"):
                 runner.check()
             for rec in recs[:-1]:
@@ -182,7 +186,7 @@ def _record_trace(ctx, job: Job, case, w) -> dict | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     runners, failed = {}, 0.0
     for v in job.variants:
-        if v.endswith("-graph") or v.startswith("torch-"):
+        if is_graphed(v) or v.startswith("torch-"):
             continue  # a graph replays as one launch: its phases are not separate host ranges
         try:
             runners[v] = case.build(v)
@@ -290,8 +294,9 @@ def _case_document(results: list[dict], job: Job, hw: HardwareProfile) -> dict:
     if checks:  # per rank: {variant: {phase: {cupti_us, events_us}}}
         case["extra"]["profiler_check"] = checks
     timeline_gaps = {v["variant"]: v.get("attribution", {}).get("launch_us") for v in variants}
-    if "launch_us" in case["extra"]["ladder"] and timeline_gaps.get("bsp") is not None:
-        case["extra"]["ladder"]["bsp_timeline_launch_us"] = timeline_gaps["bsp"]
+    base = timeline_gaps.get("bsp", timeline_gaps.get("all-bsp"))
+    if "launch_us" in case["extra"]["ladder"] and base is not None:
+        case["extra"]["ladder"]["bsp_timeline_launch_us"] = base
     return case
 
 
@@ -337,7 +342,7 @@ def _attribute_variant(name, phased, w, fl, hw, model_of) -> dict:
     """Components, mean phases and the instrumentation check of one variant."""
     n = min(len(p) for p in phased)
     iterations = [[phased[r][i] for r in range(len(phased))] for i in range(n)]
-    fused = name.startswith("fused")
+    fused = is_fused(name)
     inter = w.intermediate_bytes(model_of[name], *(() if w.name != "flash-decode" else (1,))) if name in model_of else 0.0
     loc_us = inter / hw.hbm_bytes_per_us() if name in model_of else 0.0
     res = attribution.attribute(iterations, fused, fl, loc_us)
@@ -428,6 +433,9 @@ def _heap_bytes(job: Job, shape: dict) -> int:
         return 4 * per_set + (64 << 20)  # up to four rotated a_full sets, plus flags
     if w.name == "gemm-rs":  # rotated A sets, and the fused kernel's double-buffered inbox of p-1 slots
         return 4 * w.M * (w.K // w.world) * w.elt + 2 * w.M * w.N * 4 + (64 << 20)
+    if w.name == "tp-mlp":  # four rotated X sets; each fused build's gemm-rs inbox (< 2 M H), each bsp
+        # build's M x H partial when emulated (two of each, built again for --trace), the reference's W1 and W2
+        return ((4 + 4 * 2 + 4) * w.M * w.H + 3 * w.H * (w.F // w.world)) * w.elt + (64 << 20)
     return int(4 * w.partial_bytes() * job.world * 2) + (64 << 20)
 
 

@@ -1,4 +1,4 @@
-"""The three workloads: their shapes, and the work each one must do per rank.
+"""The workloads: their shapes, and the work each one must do per rank.
 
 A workload knows, per rank and from its shape alone:
 - flops: matrix/attention FLOPs the rank must execute;
@@ -25,11 +25,41 @@ PARTIAL_BYTES = 4
 BSP_VARIANTS = ("bsp", "bsp-graph")
 FUSED_VARIANTS = ("fused-pull", "fused-push")
 MODEL_VARIANTS = BSP_VARIANTS + FUSED_VARIANTS
+# tp-mlp is a layer of two GEMM workloads; its variants name how the whole layer runs, and each maps to
+# the variant both of its GEMM parts (ag-gemm, gemm-rs) run in.
+TP_MLP_VARIANTS = ("all-bsp", "all-graph", "all-fused-eager", "all-fused")
+TP_MLP_PART_VARIANT = {"all-bsp": "bsp", "all-graph": "bsp-graph", "all-fused-eager": "fused-push", "all-fused": "fused-push"}
 
 
-def _check_variant(variant: str) -> None:
-    if variant not in MODEL_VARIANTS:
-        raise TaxesError(f"unknown variant {variant!r}: choose from {', '.join(MODEL_VARIANTS)}")
+# tp-mlp's variants that run fused kernels, and those replayed from a CUDA graph (names that do not follow
+# the fused-*/*-graph pattern of the other workloads)
+TP_MLP_FUSED = ("all-fused-eager", "all-fused")
+TP_MLP_GRAPHED = ("all-graph", "all-fused")
+
+
+def is_fused(variant: str) -> bool:
+    """Runs fused kernels: timed with their traced build, attributed from per-CTA waits."""
+    return variant.startswith("fused") or variant in TP_MLP_FUSED
+
+
+def is_graphed(variant: str) -> bool:
+    """Replayed from a CUDA graph (on GPUs)."""
+    return variant.endswith("-graph") or variant in TP_MLP_GRAPHED
+
+
+def _check_variant(variant: str, known: tuple[str, ...] = MODEL_VARIANTS) -> None:
+    if variant not in known:
+        raise TaxesError(f"unknown variant {variant!r}: choose from {', '.join(known)}")
+
+
+def model_variants(workload_name: str) -> tuple[str, ...]:
+    """The variants the model predicts for a workload (by name; an unknown name gets the usual four)."""
+    return TP_MLP_VARIANTS if workload_name == "tp-mlp" else MODEL_VARIANTS
+
+
+def is_bsp_variant(variant: str) -> bool:
+    """Separate kernels and collectives (eager or graphed), as opposed to fused kernels."""
+    return TP_MLP_PART_VARIANT.get(variant, variant) in BSP_VARIANTS
 
 
 @dataclass(frozen=True)
@@ -182,13 +212,85 @@ class FlashDecode:
         return 4 if variant in BSP_VARIANTS else 2
 
 
-WORKLOADS = {cls.name: cls for cls in (AgGemm, GemmRs, FlashDecode)}
+@dataclass(frozen=True)
+class TpMlp:
+    """One sequence-parallel SwiGLU MLP block (Llama 3's): Y1 = all_gather(X) @ W1_r, Z = silu(Y1's gate
+    half) * (its up half), out_r = rows r of sum_q Z_q @ W2_q. X (M x H) and the output have M/p rows per
+    rank; W1_r (H x 2F/p) holds the rank's F/p gate columns then its F/p up columns; W2_r is F/p x H.
+    The layer is an ag-gemm (M, N=2F, K=H), the activation, and a gemm-rs (M, N=H, K=F): see parts()."""
+
+    M: int
+    H: int
+    F: int
+    world: int
+    dtype: str = "bf16"
+    name = "tp-mlp"
+    dims = ("M", "H", "F")
+    split_dims = ("M", "F")
+
+    @property
+    def elt(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def parts(self) -> tuple[AgGemm, GemmRs]:
+        """The two GEMM workloads the layer is made of."""
+        return (AgGemm(self.M, 2 * self.F, self.H, self.world, self.dtype),
+                GemmRs(self.M, self.H, self.F, self.world, self.dtype))
+
+    def y1_bytes(self) -> float:
+        """Y1 (M x 2F/p): the first GEMM's output, the activation's input."""
+        return float(self.M * 2 * (self.F // self.world) * self.elt)
+
+    def z_bytes(self) -> float:
+        """Z (M x F/p): the activation's output, the second GEMM's input."""
+        return float(self.M * (self.F // self.world) * self.elt)
+
+    def flops(self) -> float:
+        """Both GEMMs' matrix FLOPs (the activation's few elementwise ones are not matrix work)."""
+        ag, rs = self.parts()
+        return ag.flops() + rs.flops()
+
+    def hbm_bytes(self) -> float:
+        """X_r, W1_r and W2_r read once, the output rows written once; Y1 and Z are intermediates."""
+        p = self.world
+        x_rows = self.M // p * self.H
+        w1 = self.H * 2 * (self.F // p)
+        w2 = (self.F // p) * self.H
+        out = self.M // p * self.H
+        return float((x_rows + w1 + w2 + out) * self.elt)
+
+    def link_bytes(self) -> float:
+        """The all-gather of X and the reduce-scatter of the partial products."""
+        ag, rs = self.parts()
+        return ag.link_bytes() + rs.link_bytes()
+
+    def intermediate_bytes(self, variant: str) -> float:
+        """The GEMM parts' own intermediates (gathered X and the M x H partial, or the fused kernels'
+        inbox traffic), plus Y1 and Z, each written once and read once in every variant (the activation
+        is a kernel of its own), plus, in the torch activation of the bsp variants, silu's M x F/p
+        temporary (silu and mul are two kernels)."""
+        _check_variant(variant, TP_MLP_VARIANTS)
+        part = TP_MLP_PART_VARIANT[variant]
+        ag, rs = self.parts()
+        layer = 2 * self.y1_bytes() + 2 * self.z_bytes()
+        if part in BSP_VARIANTS:
+            layer += 2 * self.z_bytes()  # silu(gate): written by silu, read by mul
+        return ag.intermediate_bytes(part) + rs.intermediate_bytes(part) + layer
+
+    def kernel_count(self, variant: str) -> int:
+        """bsp: all-gather, matmul, silu, mul, matmul, reduce-scatter; fused: ag-gemm, SwiGLU, gemm-rs."""
+        _check_variant(variant, TP_MLP_VARIANTS)
+        return 6 if TP_MLP_PART_VARIANT[variant] in BSP_VARIANTS else 3
+
+
+WORKLOADS = {cls.name: cls for cls in (AgGemm, GemmRs, FlashDecode, TpMlp)}
 DEFAULT_SHAPES = {
     "ag-gemm": {"M": 8192, "N": 8192, "K": 8192},
     "gemm-rs": {"M": 8192, "N": 8192, "K": 8192},
     "flash-decode": {"B": 1, "Hq": 64, "Hkv": 8, "D": 128, "S": 32768},
+    "tp-mlp": {"M": 4096, "H": 4096, "F": 14336},  # Llama 3 8B's MLP, 4096 tokens
 }
-Workload = AgGemm | GemmRs | FlashDecode
+Workload = AgGemm | GemmRs | FlashDecode | TpMlp
 
 _SUFFIX = {"": 1, "k": 1024, "m": 1024 * 1024}
 

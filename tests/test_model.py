@@ -13,7 +13,7 @@ from taxes import model
 from taxes.errors import TaxesError
 from taxes.hardware import BUILTIN
 from taxes.model import COMPONENTS, TAXES, ModelOptions, floor_of, predict, predict_all
-from taxes.workloads import BSP_VARIANTS, MODEL_VARIANTS, WORKLOADS, make_workload
+from taxes.workloads import BSP_VARIANTS, MODEL_VARIANTS, WORKLOADS, make_workload, model_variants
 
 PROFILES = list(BUILTIN)
 REL = 1e-9
@@ -41,7 +41,7 @@ def check_prediction(pred, hw) -> None:
         assert set(ph.parts) <= set(COMPONENTS) - {"launch"}
         assert abs((ph.end_us - ph.start_us) - math.fsum(ph.parts.values())) <= tol
         # the launch queue (model.schedule's docstring)
-        if pred.variant == "bsp-graph":
+        if pred.variant in model.GRAPH_VARIANTS:
             ready = hw.launch_eager_us if i == 0 else prev_end + hw.launch_graph_us
         else:
             ready = (i + 1) * hw.launch_eager_us
@@ -66,9 +66,8 @@ def check_prediction(pred, hw) -> None:
         assert comp["sync_wait"] == 0.0 and pred.floor.link_us == 0.0
 
 
-@pytest.mark.parametrize("variant", MODEL_VARIANTS)
+@pytest.mark.parametrize("name, variant", [(n, v) for n in WORKLOADS for v in model_variants(n)])
 @pytest.mark.parametrize("hw_name", PROFILES)
-@pytest.mark.parametrize("name", list(WORKLOADS))
 def test_every_workload_profile_variant(name, hw_name, variant):
     hw = BUILTIN[hw_name]
     for world in (1, 2, 8):
@@ -87,6 +86,8 @@ def workloads(draw):
         hkv = draw(st.integers(1, 32))
         shape = {"B": draw(st.integers(1, 128)), "Hkv": hkv, "Hq": hkv * draw(st.integers(1, 16)),
                  "D": draw(st.integers(1, 512)), "S": draw(st.integers(1, 1 << 20))}
+    elif name == "tp-mlp":
+        shape = {d: p * draw(st.integers(1, 1 << draw(st.integers(0, 15)))) for d in ("M", "H", "F")}
     else:
         shape = {d: p * draw(st.integers(1, 1 << draw(st.integers(0, 15)))) for d in ("M", "N", "K")}
     return make_workload(name, shape, p, dtype)
@@ -163,7 +164,7 @@ def test_floor_is_max_of_compute_hbm_link(w, hw_name):
     assert fl.ideal_us == max(fl.compute_us, fl.hbm_us, fl.link_us)
     assert fl.work_us == max(fl.compute_us, fl.hbm_us)
     assert fl.unhideable_link_us == pytest.approx(max(0.0, fl.link_us - fl.work_us), abs=1e-9)
-    pred = predict(w, "bsp", hw)
+    pred = predict(w, model_variants(w.name)[0], hw)
     assert pred.floor == fl
     # the ideal component is the floor: exactly T_ideal for every variant
     for p in predict_all(w, hw):
@@ -194,9 +195,9 @@ def test_bsp_e2e_grows_with_m(hw_name, world):
 def test_more_work_never_takes_less_time(hw_name, name):
     """Doubling the KV length / K never makes any variant faster."""
     hw = BUILTIN[hw_name]
-    dim = "S" if name == "flash-decode" else "K"
+    dim = {"flash-decode": "S", "tp-mlp": "F"}.get(name, "K")
     w = make_workload(name, {}, 4)
-    for v in MODEL_VARIANTS:
+    for v in model_variants(name):
         e2e = [predict(model.replace_dim(w, dim, x), v, hw).e2e_us for x in (1024, 4096, 16384, 65536)]
         assert all(a <= b * (1 + 1e-12) for a, b in zip(e2e, e2e[1:])), (v, e2e)
 
@@ -213,14 +214,15 @@ def test_graph_cuts_flash_decode_launch_tax_on_h200():
 def test_graph_changes_only_the_launch_tax(w, hw_name):
     """bsp -> bsp-graph removes launch tax and nothing else: E2E(bsp) - E2E(graph) = launch difference."""
     hw = BUILTIN[hw_name]
-    eager, graph = predict(w, "bsp", hw), predict(w, "bsp-graph", hw)
+    bsp, bsp_graph = model_variants(w.name)[:2]
+    eager, graph = predict(w, bsp, hw), predict(w, bsp_graph, hw)
     for c in COMPONENTS:
         if c != "launch":
             assert eager.components[c] == graph.components[c], c
     assert eager.e2e_us - graph.e2e_us == pytest.approx(
         eager.components["launch"] - graph.components["launch"], abs=1e-9 * eager.e2e_us)
     # a graph: one launch call, then launch_graph_us before each later kernel
-    n = w.kernel_count("bsp-graph")
+    n = w.kernel_count(bsp_graph)
     assert graph.components["launch"] == pytest.approx(hw.launch_eager_us + (n - 1) * hw.launch_graph_us, rel=1e-9)
     # eager: the first kernel waits for its launch at least
     assert eager.components["launch"] >= hw.launch_eager_us * (1 - 1e-12)
