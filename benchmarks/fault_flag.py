@@ -74,6 +74,22 @@ def probe_uncaught_job(ctx, wait_s):
     wait_for_flag(flags.local, 3 + ctx.rank, 7 + ctx.rank, ctx.rank, wait_s)
 
 
+def _rank0_runs_alone(ctx, run, call, doing: str) -> str:
+    """Rank 0 calls run (its peer stays silent) and reports the FlagTimeout message its check() raises;
+    the silent rank keeps its memory mapped until rank 0 is done with it."""
+    message = "silent"
+    if ctx.rank == 0:
+        ctx.doing(doing)
+        call()
+        try:
+            run.check()
+            message = "no error"
+        except FlagTimeout as e:
+            message = str(e)
+    ctx.barrier()
+    return message
+
+
 def silent_ag_gemm_job(ctx, variant, wait_s):
     """Rank 1 builds the fused kernel but never runs it; rank 0's run must give up on its flags."""
     from taxes.kernels import ag_gemm as ag
@@ -88,17 +104,7 @@ def silent_ag_gemm_job(ctx, variant, wait_s):
     w = torch.randn(K, N // ctx.world, device=ctx.device, dtype=dtype)
     out = torch.empty(M, N // ctx.world, device=ctx.device, dtype=dtype)
     run = ag.make_variant(ctx, variant, M, N // ctx.world, K, dtype, cfg, wait_s=wait_s)
-    message = "silent"
-    if ctx.rank == 0:
-        ctx.doing(f"running {variant} with a silent peer")
-        run(a_full, w, out)
-        try:
-            run.check()
-            message = "no error"
-        except FlagTimeout as e:
-            message = str(e)
-    ctx.barrier()  # the silent rank keeps its memory mapped until rank 0 is done with it
-    return message
+    return _rank0_runs_alone(ctx, run, lambda: run(a_full, w, out), f"running {variant} with a silent peer")
 
 
 def silent_flash_decode_job(ctx, wait_s):
@@ -108,17 +114,8 @@ def silent_flash_decode_job(ctx, wait_s):
     q = torch.randn(B, Hq, D, device=ctx.device, dtype=torch.bfloat16)
     k, v = (torch.randn(B, Hkv, S, D, device=ctx.device, dtype=torch.bfloat16) for _ in range(2))
     run = fd.FlashDecode(ctx, B, Hq, Hkv, D, S, torch.bfloat16, "fused-push", wait_s=wait_s)
-    message = "silent"
-    if ctx.rank == 0:
-        ctx.doing("combining with a silent peer")
-        run(q, k, v, torch.empty(B, Hq, D, device=ctx.device, dtype=torch.bfloat16))
-        try:
-            run.check()
-            message = "no error"
-        except FlagTimeout as e:
-            message = str(e)
-    ctx.barrier()
-    return message
+    out = torch.empty(B, Hq, D, device=ctx.device, dtype=torch.bfloat16)
+    return _rank0_runs_alone(ctx, run, lambda: run(q, k, v, out), "combining with a silent peer")
 
 
 def silent_gemm_rs_job(ctx, wait_s):
@@ -134,17 +131,7 @@ def silent_gemm_rs_job(ctx, wait_s):
     w = torch.randn(K // ctx.world, N, device=ctx.device, dtype=torch.bfloat16)
     out = torch.empty(M // ctx.world, N, device=ctx.device, dtype=torch.bfloat16)
     run = rs.make_variant(ctx, "fused-push", M, N, K, torch.bfloat16, cfg, wait_s=wait_s)
-    message = "silent"
-    if ctx.rank == 0:
-        ctx.doing("reducing with a silent peer")
-        run(a, w, out)
-        try:
-            run.check()
-            message = "no error"
-        except FlagTimeout as e:
-            message = str(e)
-    ctx.barrier()
-    return message
+    return _rank0_runs_alone(ctx, run, lambda: run(a, w, out), "reducing with a silent peer")
 
 
 def raising_job(ctx):
