@@ -98,10 +98,16 @@ def tuned_config(M: int, N: int, K: int, world: int, variant: str) -> Config:
             rows = [r for r in entries if r["variant"] == variant.removesuffix("-graph") and r["N"] == N
                     and r["K"] == K and r["world"] == world]
         if rows:
-            fields = set(Config.__dataclass_fields__)
-            best = min(rows, key=lambda r: abs(r["M"] - M))
-            return Config(**{k: v for k, v in best["config"].items() if k in fields})
+            return nearest_tuned(Config, rows, M)
     return Config(num_stages=4 if M // world <= 1024 else 3)
+
+
+def nearest_tuned(config_cls, rows: list[dict], M: int):
+    """The tuned-table row (already matched on everything but M) with the nearest M, as a config_cls;
+    keys the class does not know (from an older table) are left out."""
+    fields = set(config_cls.__dataclass_fields__)
+    best = min(rows, key=lambda r: abs(r["M"] - M))
+    return config_cls(**{k: v for k, v in best["config"].items() if k in fields})
 
 
 # ---- the kernel -----------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
-from taxes.kernels.ag_gemm import _descriptor, _num_sms, rel_error
+from taxes.kernels.ag_gemm import _descriptor, _num_sms, nearest_tuned, rel_error
 from taxes.kernels.runtime import RankContext, interpreting, replay_graph
 from taxes.kernels.sync import ERR_WORDS, peer_ptr, raise_if_timed_out, signal, wait_at_least, wait_budget
 
@@ -98,9 +98,7 @@ def tuned_config(M: int, N: int, K: int, world: int) -> Config:
         rows = [r for r in json.loads(TUNED_FILE.read_text())["entries"]
                 if r["N"] == N and r["K"] == K and r["world"] == world]
         if rows:
-            fields = set(Config.__dataclass_fields__)
-            best = min(rows, key=lambda r: abs(r["M"] - M))
-            return Config(**{k: v for k, v in best["config"].items() if k in fields})
+            return nearest_tuned(Config, rows, M)
     return Config()
 
 
