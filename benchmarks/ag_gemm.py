@@ -2,6 +2,7 @@
 
     python benchmarks/ag_gemm.py --world 2 --out $OUT                 # the sweep of issue 3, tuned table
     python benchmarks/ag_gemm.py --world 2 --tune --out $OUT          # also try candidate configs per shape
+    python benchmarks/ag_gemm.py --world 8 --tune --install ...       # ... and merge them into kernels/ag_gemm_tuned.json
     python benchmarks/ag_gemm.py --gemm-only --out $OUT               # the fused kernel's GEMM alone vs torch.matmul
     TRITON_INTERPRET=1 python benchmarks/ag_gemm.py --emulate         # CPU: logic only, tiny shapes, times mean nothing
 
@@ -31,14 +32,16 @@ TOLERANCE = 1e-2
 SWEEP = [(m, n, 8192) for n in (8192, 28672) for m in (1024, 2048, 4096, 8192, 16384)]
 
 
-def candidates(variant: str, base: ag.Config, shard_rows: int, producers=("ctas", "copy-engine")) -> list[ag.Config]:
+def candidates(variant: str, base: ag.Config, shard_rows: int, producers=("ctas", "copy-engine"),
+               world: int = 2) -> list[ag.Config]:
     """Configurations --tune tries for a fused variant (the GEMM's own tiling stays fixed): how many CTAs
     copy and how many rows each flag covers; for push, last, the copy engine as producer."""
     # One copier CTA moves only ~10 GB/s over NVLink (measured), so chunks must be small enough that
-    # every copier has work: 16-64 rows (256 KiB to 1 MiB at K=8192).
+    # every copier has work: 16-64 rows (256 KiB to 1 MiB at K=8192). Each rank receives (p-1)/p of A,
+    # so more GPUs want more copiers (at 8 GPUs 32 beat 16 and 8 at every shape tried).
     chunks = sorted({c for c in (16, 64) if 0 < c <= shard_rows and shard_rows % c == 0}) or [shard_rows]
     grid = base.grid or 132
-    copier_counts = [c for c in (8, 16, 32) if c < grid // 2] or [1]
+    copier_counts = [c for c in ((8, 16, 32) if world <= 2 else (16, 32, 48, 64)) if c < grid // 2] or [1]
     out = []
     if "ctas" in producers or variant == "fused-pull":
         out += [replace(base, producer="ctas", copiers=n, chunk_rows=c) for n in copier_counts for c in chunks]
@@ -125,7 +128,8 @@ def bench_job(ctx, args) -> dict:
                 base = ag.tuned_config(M, N, K, ctx.world, variant)
                 if args.gemm_config:
                     base = replace(base, **args.gemm_config)
-                configs = candidates(variant, base, M // ctx.world, args.producers) if args.tune else [base]
+                configs = (candidates(variant, base, M // ctx.world, args.producers, ctx.world) if args.tune
+                           else [base])
             tried = []
             for cfg in configs:
                 ctx.doing(f"{variant} M={M} N={N} K={K} config {cfg}")
@@ -283,6 +287,7 @@ def main(argv=None):
     ap.add_argument("--sets", type=int, default=2, help="rotating input sets")
     ap.add_argument("--tune", action="store_true", help="try candidate configs per fused variant and shape")
     ap.add_argument("--tune-iters", type=int, default=10)
+    ap.add_argument("--install", action="store_true", help="merge the tuned entries into kernels/ag_gemm_tuned.json")
     ap.add_argument("--producers", default="ctas,copy-engine", help="fused-push producers --tune tries")
     ap.add_argument("--gemm-config", default="", help="override GEMM tiling, e.g. block_m=128,block_n=256,num_stages=3")
     ap.add_argument("--gemm-alone", action="store_true", help="also time the fused kernel's GEMM alone vs torch.matmul")
@@ -340,6 +345,13 @@ def main(argv=None):
         table = {"made_by": " ".join(sys.argv), "date": doc["metadata"]["date"], "gpus": doc["metadata"].get("gpu_names"),
                  "entries": results[0]["tuned"]}
         (out_dir / f"{args.name}_tuned.json").write_text(json.dumps(table, indent=1))
+        if args.install and not args.emulate:  # merged: the old entries of other shapes and worlds are kept
+            new = {(e["variant"], e["M"], e["N"], e["K"], e["world"]) for e in table["entries"]}
+            old = json.loads(ag.TUNED_FILE.read_text()) if ag.TUNED_FILE.exists() else table | {"entries": []}
+            kept = [e for e in old["entries"] if (e["variant"], e["M"], e["N"], e["K"], e["world"]) not in new]
+            gpus = table["gpus"] or ["?"]
+            added = [e | {"how": f"{table['date']}: {table['made_by']} on {len(gpus)} x {gpus[0]}"} for e in table["entries"]]
+            ag.TUNED_FILE.write_text(json.dumps(old | {"entries": kept + added}, indent=1))
     print(f"wrote {path} ({time.time() - t0:.0f} s)")
     print_table(doc)
     return 0

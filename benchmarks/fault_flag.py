@@ -118,15 +118,18 @@ def silent_flash_decode_job(ctx, wait_s):
     return _rank0_runs_alone(ctx, run, lambda: run(q, k, v, out), "combining with a silent peer")
 
 
-def silent_gemm_rs_job(ctx, wait_s):
-    """Rank 1 builds the fused GEMM + reduce-scatter but never runs it: rank 0 pushes its peer tiles, then
-    its own tiles wait for rank 1's partials, which never come."""
+def silent_gemm_rs_job(ctx, wait_s, producer="ctas"):
+    """Rank 1 builds the fused GEMM + reduce-scatter but never runs it: rank 0 pushes its peer tiles (or
+    its copy engine copies them), then its own tiles wait for rank 1's partials, which never come."""
+    from dataclasses import replace
+
     from taxes.kernels import gemm_rs as rs
 
     small = ctx.backend != "cuda"
     M, N, K = (64, 32, 64) if small else (2048, 2048, 4096)
     cfg = (rs.Config(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2, grid=4) if small
            else rs.Config())
+    cfg = replace(cfg, producer=producer)
     a = torch.randn(M, K // ctx.world, device=ctx.device, dtype=torch.bfloat16)
     w = torch.randn(K // ctx.world, N, device=ctx.device, dtype=torch.bfloat16)
     out = torch.empty(M // ctx.world, N, device=ctx.device, dtype=torch.bfloat16)
@@ -197,12 +200,15 @@ def fault_silent_flash_decode(backend, world):
     return msg.startswith("rank 0: fused flash-decode combine gave up waiting") and "from rank 1" in msg, msg
 
 
-def fault_silent_gemm_rs(backend, world):
-    t0 = time.monotonic()
-    msg, silent = launch(silent_gemm_rs_job, world, WAIT_S, backend=backend, timeout_s=SILENT_LIMIT_S)
-    took = time.monotonic() - t0
-    ok = msg.startswith("rank 0: fused GEMM + reduce-scatter gave up waiting") and "from rank 1" in msg and silent == "silent"
-    return ok, f"[{took:.1f} s with launch] {msg}"
+def fault_silent_gemm_rs(producer):
+    def run(backend, world):
+        t0 = time.monotonic()
+        msg, silent = launch(silent_gemm_rs_job, world, WAIT_S, producer, backend=backend, timeout_s=SILENT_LIMIT_S)
+        took = time.monotonic() - t0
+        ok = (msg.startswith("rank 0: fused GEMM + reduce-scatter gave up waiting") and "from rank 1" in msg
+              and silent == "silent")
+        return ok, f"[{took:.1f} s with launch] {msg}"
+    return run
 
 
 def fault_raising_rank(backend, world):
@@ -295,7 +301,8 @@ FAULTS = [
     ("silent peer, ag-gemm fused-push", fault_silent_ag_gemm("fused-push")),
     ("silent peer, ag-gemm fused-pull", fault_silent_ag_gemm("fused-pull")),
     ("silent peer, flash-decode fused-push", fault_silent_flash_decode),
-    ("silent peer, gemm-rs fused-push", fault_silent_gemm_rs),
+    ("silent peer, gemm-rs fused-push", fault_silent_gemm_rs("ctas")),
+    ("silent peer, gemm-rs fused-push, copy-engine producer", fault_silent_gemm_rs("copy-engine")),
     ("rank raises", fault_raising_rank),
     ("rank SIGKILLed while its peer waits in a collective", fault_killed_rank),
     ("preflight: GPUs and memory", fault_preflight),

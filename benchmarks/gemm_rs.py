@@ -43,6 +43,10 @@ CANDIDATES = [
     replace(BASE, block_m=256),
     replace(BASE, block_n=256, group_m=16, num_stages=4),
 ]
+# The two tilings that won on 2 x H200 (kernels/gemm_rs_tuned.json), each with either producer: the GEMM
+# CTAs storing peer tiles over the link, or a local store and the copy engine, in 1, 2 or 4 chunks.
+WINNERS = [replace(BASE, block_n=256), replace(BASE, block_n=256, group_m=16, num_stages=4)]
+PRODUCER_CANDIDATES = WINNERS + [replace(c, producer="copy-engine", ce_chunks=n) for c in WINNERS for n in (1, 2, 4)]
 
 
 def tune_job(ctx, args) -> dict:
@@ -105,7 +109,7 @@ def _short(cfg) -> str:
     if cfg is None:
         return ""
     return (f"[{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} g{cfg.group_m}"
-            f"{' ws' if cfg.warp_spec else ''}]")
+            f"{' ws' if cfg.warp_spec else ''}{f' ce{cfg.ce_chunks}' if cfg.producer == 'copy-engine' else ''}]")
 
 
 def main(argv=None) -> int:
@@ -118,18 +122,21 @@ def main(argv=None) -> int:
     ap.add_argument("--sets", type=int, default=2, help="rotating input sets")
     ap.add_argument("--wait-s", type=float, default=10.0)
     ap.add_argument("--warm-s", type=float, default=3.0)
+    ap.add_argument("--candidates", choices=("tilings", "producers"), default="producers",
+                    help="tilings: eight tilings (CTA producer); producers: the two winning tilings x both producers")
     ap.add_argument("--install", action="store_true", help="write the table to kernels/gemm_rs_tuned.json")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     ap.add_argument("--timeout-s", type=float, default=400.0)
     args = ap.parse_args(argv)
     args.shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")] if args.shapes else SHAPES
-    args.candidates = CANDIDATES
+    args.candidates = CANDIDATES if args.candidates == "tilings" else PRODUCER_CANDIDATES
     if args.emulate:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         if not args.shapes or args.shapes == SHAPES:
             args.shapes = [(64, 32, 64)]
         args.candidates = [rs.Config(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2, grid=4),
-                           rs.Config(block_m=32, block_n=16, block_k=16, group_m=1, num_warps=4, num_stages=2, grid=3)]
+                           rs.Config(block_m=32, block_n=16, block_k=16, group_m=1, num_warps=4, num_stages=2, grid=3,
+                                     producer="copy-engine")]
         args.iters, args.warmup, args.warm_s = 1, 0, 0
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -8,11 +8,14 @@
 #                                                    # the gpu-marked tests and the fault script under torchrun
 #   bash benchmarks/gpu_session.sh tp-mlp OUT        # the tensor-parallel MLP layer's sweep
 #   bash benchmarks/gpu_session.sh flash-b1 OUT      # flash decode at batch 1: KV splits and block size trials
+#   WORLD=8 bash benchmarks/gpu_session.sh scale-tune OUT  # on a 4/8-GPU node: quick calibration, ag-gemm tuned
+#                                                    # for WORLD (merged into kernels/), the ag-gemm sweep
+#   WORLD=8 bash benchmarks/gpu_session.sh scale-run OUT   # ... then flash decode and tp-mlp at WORLD
 #
 # Each stage fits one 10-minute call of the device tool; every command has its own time limit and
 # writes its result document as soon as it ends; the short table comes last.
 set -u
-stage=${1:?stage: calibrate, sweeps, gemm-rs, tp-mlp or flash-b1}
+stage=${1:?stage: calibrate, sweeps, gemm-rs, tp-mlp, flash-b1, scale-tune or scale-run}
 OUT=${2:-${OUT:-bench-out}}
 HW=${HW:-reports/calibration/h200-x2-calibrated.json}
 CLI="python benchmarks/taxes_cli.py"
@@ -45,6 +48,32 @@ if [ "$stage" = flash-b1 ]; then
             --iters 30 --warmup 5 --config "$cfg" --hardware "$HW" -o "$OUT/flash_b1_${cfg//[=,]/_}.json" --force \
             --timeout-s 75 --format md 2>&1 | grep -E "^\| (E2E|speed)|^## |rror" | sed "s/^/[$cfg] /"
     done
+    exit 0
+fi
+W=${WORLD:-8}
+AG_SCALE="1024,8192,8192;4096,8192,8192;8192,8192,8192;16384,8192,8192;4096,28672,8192;16384,28672,8192"
+AG_TUNE="1024,8192,8192;8192,8192,8192;4096,28672,8192;16384,28672,8192"
+if [ "$stage" = scale-tune ]; then
+    # issue 9: the world-2 tuned table does not apply at WORLD; its copier counts must be re-tuned
+    [ "${CALIBRATE:-1}" = 1 ] && timeout 120 python benchmarks/calibrate.py --gpus "$W" --quick --out "$OUT/calibration" \
+        --name "h200-x$W-calibrated" --timeout-s 110 2>&1 | tail -14
+    timeout 220 python benchmarks/ag_gemm.py --world "$W" --tune --install --variants fused-push,fused-pull \
+        --shapes "$AG_TUNE" --iters 20 --out "$OUT/tune" --name "ag_gemm_tune_w$W" --timeout-s 210 2>&1 | tail -10
+    cp kernels/ag_gemm_tuned.json "$OUT/"
+    shapes=$(echo "$AG_SCALE" | tr ';' '\n' | awk -F, '{printf " --shape M=%s,N=%s,K=%s", $1, $2, $3}')
+    timeout 200 $CLI profile ag-gemm --gpus "$W" $shapes --iters 30 --warmup 5 --hardware "$HW" \
+        -o "$OUT/ag_gemm_w$W.json" --force --timeout-s 190 --format md 2>&1 | summary
+    exit 0
+fi
+if [ "$stage" = scale-run ]; then
+    timeout 200 $CLI profile flash-decode --gpus "$W" --shape B=1,S=8192 --shape B=1,S=32768 --shape B=1,S=131072 \
+        --shape B=16,S=32768 --shape B=64,S=32768 --iters 30 --warmup 5 --hardware "$HW" \
+        -o "$OUT/flash_decode_w$W.json" --force --timeout-s 190 --format md 2>&1 | summary
+    shapes=""
+    for HF in 4096,14336 8192,28672; do for M in 1024 4096 16384; do
+        shapes="$shapes --shape M=$M,H=${HF%,*},F=${HF#*,}"; done; done
+    timeout 330 $CLI profile tp-mlp --gpus "$W" $shapes --iters 20 --warmup 3 --hardware "$HW" \
+        -o "$OUT/tp_mlp_w$W.json" --force --timeout-s 320 --format md 2>&1 | summary
     exit 0
 fi
 if [ "$stage" = tp-mlp ]; then

@@ -13,7 +13,14 @@ Variants:
   of a peer's rows, stores it into this rank's slot of the peer's inbox and raises a per-tile flag in
   the peer's memory; for a tile of its own rows it waits for every peer's flag of that tile, adds the
   peers' slots to its float32 accumulator and writes out (the owner reduces in its GEMM epilogue);
-- fused-push-graph: the fused kernel replayed from a CUDA graph;
+  With Config(producer="copy-engine") the same kernel runs as (p-1) x ce_chunks + 1 launches: each of
+  the first stores a chunk of one owner's rows into a local staging buffer (TMA, HBM speed) and, when it
+  has ended, a side stream copies the chunk into the owner's inbox and then copies the launch's epoch
+  into the owner's flag for that chunk; the last launch computes the own rows and reduces as above. The
+  copies overlap the next launch, and no GEMM CTA ever waits on the link (the CTA producer's remote
+  stores and system-scope releases stalled its CTAs: docs/gemm_rs.md);
+- fused-push-graph: the fused kernel replayed from a CUDA graph (with the copy engine: its launches,
+  copies and the side stream's fork and join, all in the graph);
 - torch-fused-rs: torch.ops.symm_mem.fused_matmul_reduce_scatter, the peer to beat (CUDA only).
 
 Why the fused kernel looks like this. The tiles are taken from a queue (an atomic counter) in owner
@@ -43,6 +50,13 @@ epochs ahead of a peer for the same reason, so a flag at e+1 never covers a slot
 data. This costs twice the inbox memory (2 (p-1)/p M N elt bytes of symmetric heap) but no producer
 ever waits before it writes; a free flag would make a fast rank's first stores wait for the slowest
 owner to finish its reduction. It relies on one stream per rank running the calls in order.
+
+The copy-engine producer uses one inbox half instead: its copies are made by the host at capture time
+(fixed addresses in a CUDA graph), so they cannot follow the device's epoch parity. Its guard instead:
+the last CTA of each staging launch waits until the owner published (done flag, system scope) that it
+finished reducing the previous call, so the copy behind that launch never overwrites rows the owner has
+not read. That wait is inside the launch, not a guard kernel on the copy stream, because a kernel there
+could not be scheduled while the owner-rows launch, spinning on its flags, holds every SM.
 
 Under Triton's interpreter the programs of a launch run one after another; a program only ever waits
 for flags that other ranks raise, and every rank pushes all its peer tiles before it waits on any, so
@@ -85,6 +99,10 @@ class Config:
     grid: int = 0  # persistent CTAs; 0: one per SM
     fp32_partials: bool = False  # send float32 partials (accuracy comparison; twice the link bytes)
     warp_spec: bool = False  # tl.range(warp_specialize=True) on the K loop (Hopper: producer/consumer warps)
+    producer: str = "ctas"  # who moves a peer's partial: "ctas" (the GEMM CTA stores it over the link) or
+    # "copy-engine" (launches per owner store it locally; a side stream copies it to the owner)
+    ce_chunks: int = 2  # copy engine: launches (and copies, and flags) per peer's block, so copies overlap
+    # the next launch; 1 if M/p is not a multiple of ce_chunks * group_m * block_m
 
 
 TUNED_FILE = Path(__file__).with_name("gemm_rs_tuned.json")
@@ -106,10 +124,12 @@ def tuned_config(M: int, N: int, K: int, world: int) -> Config:
 
 
 @triton.jit
-def _rs_tile(t, a_desc, w_desc, c_desc, inbox_ptr, flags_ptr, bases, err_ptr, rank, epoch, N, K_local, shard_rows,
-             num_m_shard, num_n, budget, WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-             GROUP_M: tl.constexpr, WARP_SPEC: tl.constexpr, INTERPRET: tl.constexpr, DOT_F32: tl.constexpr):
-    """Tile t of the queue: the K loop, then push it to its owner, or (own rows) reduce and write out."""
+def _rs_tile(t, a_desc, w_desc, c_desc, staging_desc, inbox_desc, inbox_ptr, flags_ptr, bases, err_ptr, rank, epoch, N, K_local,
+             shard_rows, num_m_shard, num_n, budget, chunk_blocks, WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+             BK: tl.constexpr, GROUP_M: tl.constexpr, WARP_SPEC: tl.constexpr, INTERPRET: tl.constexpr,
+             DOT_F32: tl.constexpr, CE: tl.constexpr):
+    """Tile t of the queue: the K loop, then push it to its owner (CE: store it in the local staging
+    buffer), or (own rows) reduce and write out."""
     tiles_per_shard = num_m_shard * num_n
     owner = (rank + 1 + t // tiles_per_shard) % WORLD
     t_in = t % tiles_per_shard
@@ -131,50 +151,76 @@ def _rs_tile(t, a_desc, w_desc, c_desc, inbox_ptr, flags_ptr, bases, err_ptr, ra
                 acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
             else:
                 acc = tl.dot(a, b, acc)
-    rows = pm * BM + tl.arange(0, BM)
-    cols = pn * BN + tl.arange(0, BN)
-    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-    mask = cols[None, :] < N
-    slot_elems = shard_rows.to(tl.int64) * N
     parity = epoch % 2
+    if CE:
+        parity = 0  # one inbox half: the copy engine's guard waits for the owner's previous reduction
     flag = pm * num_n + pn  # the tile's flag within one source's block of flags
+    if CE:
+        flag = pm // chunk_blocks  # the copy engine raises one flag per chunk of chunk_blocks row blocks
     if owner != rank:
-        slot = (rank - owner - 1 + WORLD) % WORLD
-        dst = peer_ptr(inbox_ptr + (parity * (WORLD - 1) + slot) * slot_elems, bases, rank, owner)
-        tl.store(dst + offs, acc.to(inbox_ptr.dtype.element_ty), mask=mask)
-        signal(peer_ptr(flags_ptr + slot * tiles_per_shard + flag, bases, rank, owner), epoch, "sys")
+        if CE:  # HBM speed: the CTA goes on at once, the copy engine moves the block later
+            step = (owner - rank + WORLD) % WORLD
+            staging_desc.store([(step - 1) * shard_rows + pm * BM, pn * BN], acc.to(staging_desc.dtype))
+        else:
+            rows = pm * BM + tl.arange(0, BM)
+            cols = pn * BN + tl.arange(0, BN)
+            offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+            mask = cols[None, :] < N
+            slot = (rank - owner - 1 + WORLD) % WORLD
+            dst = peer_ptr(inbox_ptr + (parity * (WORLD - 1) + slot) * shard_rows.to(tl.int64) * N, bases, rank, owner)
+            tl.store(dst + offs, acc.to(inbox_ptr.dtype.element_ty), mask=mask)
+            signal(peer_ptr(flags_ptr + slot * tiles_per_shard + flag, bases, rank, owner), epoch, "sys")
     else:
         for d in range(1, WORLD):  # rank-1 sent first, then rank-2, ...
             slot = (WORLD - 1) - d
             wait_at_least(flags_ptr + slot * tiles_per_shard + flag, epoch, err_ptr, budget, 1,
                           slot * tiles_per_shard + flag, "sys", INTERPRET)
-            part = tl.load(inbox_ptr + (parity * (WORLD - 1) + slot) * slot_elems + offs, mask=mask, other=0.0)
+            # TMA, not a pointer per element: 128 x 256 int64 addresses beside the float32 accumulator
+            # spilled registers in every tile (255 registers and ~4 KB of spills, against 194 and none at
+            # world 1)
+            part = inbox_desc.load([(parity * (WORLD - 1) + slot) * shard_rows + pm * BM, pn * BN])
             acc += part.to(tl.float32)
         c_desc.store([pm * BM, pn * BN], acc.to(c_desc.dtype))
 
 
-@triton.jit(do_not_specialize=["rank", "budget"])
+@triton.jit(do_not_specialize=["rank", "budget", "t_begin", "t_end", "chunk_blocks"])
 def gemm_rs_fused_kernel(
     a_desc, w_desc, c_desc,  # TMA: local A (M x K/p), local W (K/p x N), out (M/p x N)
-    inbox_ptr, flags_ptr, bases, counters_ptr, err_ptr,
-    rank, M, N, K_local, budget,
+    staging_desc,  # TMA, CE only: (p-1) M/p x N local partials for the copy engine (else c_desc again)
+    inbox_desc,  # TMA over the local inbox as 2 (p-1) M/p x N rows (world 1: c_desc again, never read)
+    inbox_ptr, flags_ptr, bases, counters_ptr, err_ptr, done_ptr,  # done: CE only, epochs whose reduction ended
+    rank, M, N, K_local, budget, t_begin, t_end,  # this launch takes tiles t_begin..t_end-1 of the queue
+    chunk_blocks,  # CE: row blocks per copied chunk
     WORLD: tl.constexpr, GRID: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, WARP_SPEC: tl.constexpr, INTERPRET: tl.constexpr, DOT_F32: tl.constexpr,
+    CE: tl.constexpr,
 ):
-    # counters: [0] next tile of the queue, [1] CTAs finished, [2] the last finished call's epoch (on the
-    # device so a CUDA graph can replay the launch); the last CTA to finish resets the queue.
+    # counters (one row of 3 per launch of a call): [0] next tile of the queue, [1] CTAs finished, [2] the
+    # last finished call's epoch (on the device so a CUDA graph can replay the launch; the copy engine
+    # copies it into the owner's flag); the last CTA to finish resets the queue.
     epoch = tl.load(counters_ptr + 2, volatile=True) + 1
     shard_rows = M // WORLD
     num_m_shard = shard_rows // BM
     num_n = tl.cdiv(N, BN)
-    num_tiles = WORLD * num_m_shard * num_n
-    t = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
-    while t < num_tiles:
-        _rs_tile(t, a_desc, w_desc, c_desc, inbox_ptr, flags_ptr, bases, err_ptr, rank, epoch, N, K_local, shard_rows,
-                 num_m_shard, num_n, budget, WORLD, BM, BN, BK, GROUP_M, WARP_SPEC, INTERPRET, DOT_F32)
-        t = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
+    t = t_begin + tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
+    while t < t_end:
+        _rs_tile(t, a_desc, w_desc, c_desc, staging_desc, inbox_desc, inbox_ptr, flags_ptr, bases, err_ptr, rank, epoch, N,
+                 K_local, shard_rows, num_m_shard, num_n, budget, chunk_blocks, WORLD, BM, BN, BK, GROUP_M, WARP_SPEC,
+                 INTERPRET, DOT_F32, CE)
+        t = t_begin + tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
     done = tl.atomic_add(counters_ptr + 1, 1, sem="acq_rel", scope="gpu")
     if done == GRID - 1:
+        if CE:
+            tiles_per_shard = num_m_shard * num_n
+            if t_end == WORLD * tiles_per_shard:  # the own rows' launch: this rank's inbox is free again
+                tl.atomic_xchg(done_ptr + rank, epoch, sem="release", scope="sys")
+            else:
+                # The copy engine's guard: this launch ends (and the copy behind it starts) only once the
+                # owner has reduced the previous call out of the inbox. A guard kernel on the copy stream
+                # could not be scheduled while the spinning own-rows launch holds every SM.
+                owner = (rank + 1 + t_begin // tiles_per_shard) % WORLD
+                wait_at_least(peer_ptr(done_ptr + owner, bases, rank, owner), epoch - 1, err_ptr, budget, 2, owner,
+                              "sys", INTERPRET)
         tl.store(counters_ptr, 0)
         tl.store(counters_ptr + 1, 0)
         tl.atomic_xchg(counters_ptr + 2, epoch, sem="release", scope="gpu")
@@ -219,6 +265,8 @@ class GemmRsFused:
                  wait_s: float = 5.0):
         p = ctx.world
         check_shape(M, N, K, p, config.block_m)
+        if config.producer not in ("ctas", "copy-engine"):
+            raise ValueError(f"gemm-rs producer {config.producer!r}: choose 'ctas' or 'copy-engine'")
         self.interp = interpreting()
         self.ctx, self.M, self.N, self.K_local, self.dtype, self.cfg = ctx, M, N, K // p, dtype, config
         self.grid = config.grid or _num_sms(ctx.device)
@@ -228,10 +276,25 @@ class GemmRsFused:
         inbox_dtype = torch.float32 if config.fp32_partials else dtype
         self.inbox = heap.alloc((2, slots, M // p, N) if p > 1 else (1,), inbox_dtype)  # [parity][slot]
         self.flags = heap.zeros((slots * self.tiles_per_shard,), torch.int32)  # [slot][tile], epochs
-        self.counters = torch.zeros(3, dtype=torch.int32, device=ctx.device)
+        self.ce = config.producer == "copy-engine" and p > 1
+        blocks = M // p // config.block_m
+        self.chunks = config.ce_chunks if self.ce and blocks % (config.ce_chunks * config.group_m) == 0 else 1
+        # CE: chunks launches per peer's rows, then one for the own rows; the grouped tile order maps a
+        # launch's tile range onto whole row blocks because a chunk is a multiple of group_m row blocks
+        launches = (p - 1) * self.chunks + 1 if self.ce else 1
+        self.counters = torch.zeros((launches, 3), dtype=torch.int32, device=ctx.device)
+        self.done = heap.zeros((p,), torch.int32)  # CE: [rank] the last epoch whose reduction ended
         self.err = torch.zeros(ERR_WORDS, dtype=torch.int32, device=ctx.device)
         self.budget = wait_budget(wait_s, self.interp)
         self.epoch = 0
+        # TMA descriptors of the buffers that live as long as this object (the owner reads its inbox by TMA)
+        self._inbox_desc = _descriptor(self.inbox.local.view(-1, N), [config.block_m, config.block_n]) if p > 1 else None
+        if self.ce:
+            self.staging = torch.empty(((p - 1) * (M // p), N), dtype=inbox_dtype, device=ctx.device)
+            self._staging_desc = _descriptor(self.staging, [config.block_m, config.block_n])
+            on_gpu = ctx.device.type == "cuda"
+            self._side = torch.cuda.Stream(ctx.device) if on_gpu else None
+            self._filled = [torch.cuda.Event() for _ in range(launches - 1)] if on_gpu else []
         ctx.barrier()  # every rank's flags are zero before anyone signals
 
     def __call__(self, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -240,18 +303,63 @@ class GemmRsFused:
         self.epoch += 1
         if self.epoch >= 1 << 30:
             raise RuntimeError("epoch counter exhausted; build a new GemmRsFused")
-        gemm_rs_fused_kernel[(self.grid,)](
-            _descriptor(a, [cfg.block_m, cfg.block_k]), _descriptor(w, [cfg.block_k, cfg.block_n]),
-            _descriptor(out, [cfg.block_m, cfg.block_n]),
-            self.inbox.local, self.flags.local, ctx.heap.bases, self.counters, self.err,
-            ctx.rank, self.M, self.N, self.K_local, self.budget,
-            WORLD=ctx.world, GRID=self.grid, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m,
-            WARP_SPEC=cfg.warp_spec and not self.interp, INTERPRET=self.interp, DOT_F32=self.interp, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        p, T = ctx.world, self.tiles_per_shard
+        descs = (_descriptor(a, [cfg.block_m, cfg.block_k]), _descriptor(w, [cfg.block_k, cfg.block_n]),
+                 _descriptor(out, [cfg.block_m, cfg.block_n]))
+        descs = descs + (self._inbox_desc or descs[2],)
+        if not self.ce:
+            self._launch(descs, descs[2], 0, 0, p * T)
+            return out
+        # Copy engine: launch (s, c) fills chunk c of the staging block of owner rank+s and ends once the
+        # owner has reduced the previous call; then the side stream copies the chunk into the owner's inbox
+        # and the epoch into the owner's flag of that chunk (a copy starts when the one before it on its
+        # stream has completed). Each copy overlaps the next launch; the own rows' launch comes last.
+        staging = self._staging_desc
+        main = torch.cuda.current_stream(ctx.device) if self._side is not None else None
+        C = self.chunks
+        for s in range(1, p):
+            for c in range(C):
+                row = (s - 1) * C + c
+                t0 = (s - 1) * T + c * (T // C)
+                self._launch(descs, staging, row, t0, t0 + T // C)
+                if main is None:
+                    self._copy_chunk(s, c, row)
+                    continue
+                self._filled[row].record(main)
+                self._side.wait_event(self._filled[row])
+                with torch.cuda.stream(self._side):
+                    self._copy_chunk(s, c, row)
+        self._launch(descs, staging, (p - 1) * C, (p - 1) * T, p * T)
+        if main is not None:
+            main.wait_stream(self._side)  # the next call refills the staging buffer
         return out
 
+    def _launch(self, descs, staging_desc, row: int, t_begin: int, t_end: int) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        gemm_rs_fused_kernel[(self.grid,)](
+            *descs[:3], staging_desc, descs[3], self.inbox.local, self.flags.local, ctx.heap.bases, self.counters[row], self.err,
+            self.done.local, ctx.rank, self.M, self.N, self.K_local, self.budget, t_begin, t_end,
+            self.M // ctx.world // cfg.block_m // self.chunks,
+            WORLD=ctx.world, GRID=self.grid, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m,
+            WARP_SPEC=cfg.warp_spec and not self.interp, INTERPRET=self.interp, DOT_F32=self.interp, CE=self.ce,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+    def _copy_chunk(self, s: int, c: int, row: int) -> None:
+        """The copy engine's part for chunk c of owner rank+s's rows: the rows, then the flag (the launch
+        before it waited until the owner's inbox was free)."""
+        ctx, p = self.ctx, self.ctx.world
+        rows = self.M // p // self.chunks
+        owner = (ctx.rank + s) % p
+        slot = (ctx.rank - owner - 1) % p
+        r0 = (s - 1) * self.chunks * rows + c * rows
+        self.inbox.peers[owner][0, slot, c * rows:(c + 1) * rows].copy_(self.staging[r0:r0 + rows], non_blocking=True)
+        flag = slot * self.tiles_per_shard + c
+        self.flags.peers[owner][flag:flag + 1].copy_(self.counters[row, 2:3], non_blocking=True)
+
     def phases(self, a, w, out, traced: bool = False) -> list[tuple[str, str, object]]:
-        """One launch: a single phase. (No traced build yet: `traced` is accepted and ignored.)"""
+        """One call (one launch, or the copy engine's launches and copies): a single phase. (No traced
+        build yet: `traced` is accepted and ignored.)"""
         return [("fused-gemm-rs", "compute", lambda: self(a, w, out))]
 
     def check(self, what: str = "fused GEMM + reduce-scatter") -> None:
@@ -260,8 +368,12 @@ class GemmRsFused:
 
     def _describe(self, kind: int, index: int) -> str:
         p, rank = self.ctx.world, self.ctx.rank
+        if kind == 2:
+            return f"rank {index} done reducing the previous call, before the copy engine writes its inbox"
         slot, tile = divmod(index, self.tiles_per_shard)
         src = (rank + slot + 1) % p
+        if self.ce:
+            return f"chunk {tile} of rank {rank}'s rows from rank {src}, copied by the copy engine"
         return f"tile {tile} of rank {rank}'s rows from rank {src}"
 
 

@@ -138,10 +138,11 @@ def memory_breakdown(workload: Workload, variant: str, input_sets: int = 1, chec
         out = {
             "inputs": input_sets * (M * k_local + k_local * N) * e,
             "outputs": input_sets * (M // p) * N * e,
-            # bsp: the whole M x N partial product, then NCCL's reduce-scatter
-            "gathered": 0.0 if fused else M * N * e,
-            # fused: every peer's partial of the rows this rank owns lands in its inbox
-            "symmetric heap": (p * (M // p) * N * e + _flags(p * M)) if fused else 0.0,
+            # bsp: the whole M x N partial product, then NCCL's reduce-scatter; fused: the copy-engine
+            # producer's local staging of the peers' rows (counted whichever producer the config picks)
+            "gathered": (p - 1) * (M // p) * N * e if fused else M * N * e,
+            # fused: every peer's partial of the rows this rank owns lands in its (double-buffered) inbox
+            "symmetric heap": (2 * (p - 1) * (M // p) * N * e + _flags(p * M)) if fused else 0.0,
             "reference check": (M * k_local + k_local * N + M * N) * 4.0 if check else 0.0,
         }
     elif isinstance(workload, FlashDecode):
@@ -171,8 +172,8 @@ def memory_breakdown(workload: Workload, variant: str, input_sets: int = 1, chec
             "inputs": input_sets * 3 * H * f_local * e,  # W1_r (H x 2F/p) and W2_r (F/p x H)
             "outputs": input_sets * rows * H * e,
             # Y1 (M x 2F/p) and Z (M x F/p) in every variant; bsp also the gathered X, silu's temporary and
-            # the M x H partial product
-            "gathered": (3 * M * f_local + (0 if fused else M * H + M * f_local + M * H)) * e,
+            # the M x H partial product; fused: the gemm-rs copy engine's staging of the peers' rows
+            "gathered": (3 * M * f_local + ((p - 1) * rows * H if fused else M * H + M * f_local + M * H)) * e,
             # every rank's W1 and W2 (input dtype), then float32 of this rank's rows through the layer
             "reference check": (3 * H * F * e + (rows * H + 3 * H * F + 3 * rows * f_local + rows * H) * 4.0)
                                if check else 0.0,

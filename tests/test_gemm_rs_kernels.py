@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from taxes.kernels import gemm_rs as rs
-from taxes.kernels.runtime import interpreting, launch
+from taxes.kernels.runtime import RankError, interpreting, launch
 
 pytestmark = pytest.mark.skipif(not interpreting(), reason="triton was imported before TRITON_INTERPRET was set")
 
@@ -75,6 +75,38 @@ def test_variant_matches_float32_reference(variant, world):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("world,chunks", [(2, 1), (2, 2), (3, 2)])
+def test_copy_engine_producer_matches_float32_reference(world, chunks):
+    # launches per chunk of each owner's rows, copies and flags by the (here synchronous) copy engine,
+    # guard before each copy: four calls in a row reuse the single inbox half, so a copy that overwrote
+    # rows the owner had not reduced yet, or a flag of an earlier call or another chunk, gives a wrong answer
+    cfg = dataclasses.replace(SMALL, producer="copy-engine", ce_chunks=chunks, group_m=1)
+    M, N, K = 32 * world, 40, 24 * world
+    for variant in ("fused-push", "fused-push-graph"):
+        errors = launch(_job, world, variant, cfg, M, N, K, ("bf16",), world + 3, 4, timeout_s=300)
+        for rank_errors in errors:
+            assert len(rank_errors["bf16"]) == 4
+            assert all(e < 1e-2 for e in rank_errors["bf16"]), (variant, rank_errors)
+
+
+def _chunks(ctx, cfg, M):
+    return rs.GemmRsFused(ctx, M, 16, 16, torch.bfloat16, cfg).chunks
+
+
+def test_copy_engine_chunks_fall_back_to_one_when_rows_do_not_split_into_groups():
+    cfg = dataclasses.replace(SMALL, producer="copy-engine", ce_chunks=2, group_m=2)
+    assert launch(_chunks, 2, cfg, 2 * 64, timeout_s=60) == [2, 2]  # 4 row blocks = 2 chunks x 2 groups
+    assert launch(_chunks, 2, cfg, 2 * 32, timeout_s=60) == [1, 1]  # 2 row blocks: one group, one chunk
+    assert launch(_chunks, 1, cfg, 64, timeout_s=60) == [1]  # world 1: no copy engine
+
+
+def test_an_unknown_producer_is_refused():
+    with pytest.raises(RankError, match="ValueError: gemm-rs producer 'dma'"):
+        launch(_job, 1, "fused-push", dataclasses.replace(SMALL, producer="dma"), 32, 16, 16, ("bf16",), 1, 1,
+               timeout_s=60)
+
+
+@pytest.mark.slow
 def test_float32_partials_and_a_larger_grid_at_world_2():
     # float32 partials must be at least as accurate; 5 CTAs over 2 x 3 x 3 tiles: most CTAs do several
     cfg = dataclasses.replace(SMALL, fp32_partials=True, grid=5, group_m=1)
@@ -111,11 +143,12 @@ def test_a_call_never_rewrites_the_half_the_owner_just_read():
         assert kept == [True, True]
 
 
-def _silent_peer(ctx, peer_calls):
+def _silent_peer(ctx, peer_calls, producer="ctas"):
     """Rank 1 makes peer_calls calls, rank 0 one more: rank 0's last call must give up, not use the
     flags (or slots) of an earlier epoch."""
     M, N, K = 64, 32, 32
-    run = rs.make_variant(ctx, "fused-push", M, N, K, torch.bfloat16, SMALL, wait_s=0.5)
+    cfg = dataclasses.replace(SMALL, producer=producer)
+    run = rs.make_variant(ctx, "fused-push", M, N, K, torch.bfloat16, cfg, wait_s=0.5)
     a, w = _inputs(5, ctx.rank, M, N, K // 2, torch.bfloat16)
     out = torch.empty(M // 2, N, dtype=torch.bfloat16)
     for i in range(peer_calls + (ctx.rank == 0)):
@@ -128,10 +161,11 @@ def _silent_peer(ctx, peer_calls):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("producer", ["ctas", "copy-engine"])
 @pytest.mark.parametrize("peer_calls", [0, 1])
-def test_a_flag_that_never_arrives_is_a_clear_error(peer_calls):
+def test_a_flag_that_never_arrives_is_a_clear_error(peer_calls, producer):
     t0 = time.monotonic()
-    result, peer = launch(_silent_peer, 2, peer_calls, timeout_s=120)
+    result, peer = launch(_silent_peer, 2, peer_calls, producer, timeout_s=120)
     assert time.monotonic() - t0 < 60  # bounded: a 0.5 s budget, not a hang
     assert peer is None
     call, msg = result
