@@ -221,4 +221,5 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
     click.echo(f"E2E mean absolute percentage error {summary['e2e_mape_pct']:.1f}% over {len(rows)} cases; worst "
                f"{worst['variant']} {worst['shape']} ({worst['e2e_error_pct']:+.1f}%)")
     if output:
+        os.makedirs(output, exist_ok=True)
         write_atomic(os.path.join(output, "validation.json"), json.dumps(summary, indent=1))

@@ -306,6 +306,8 @@ def _derive_hbm(rs):
 def _derive_launch(rs, nccl_rs):
     host = {k: statistics.median(v) for k in ("triton_host_us", "torch_host_us")
             if (v := valid_values(_pool(rs, k)))}
+    # kinds measured beside the three of launch_eager_us's mean (older readings lack them)
+    more = {k: statistics.median(v) for k in ("triton_tma_host_us", "graph_host_us") if (v := valid_values(_pool(rs, k)))}
     nccl_host = valid_values(_pool(nccl_rs, "small_host_us"))
     if nccl_host:
         host["nccl_host_us"] = statistics.median(nccl_host)
@@ -314,6 +316,9 @@ def _derive_launch(rs, nccl_rs):
     out = {f"launch_{k}": v for k, v in host.items()}
     # the model has one eager launch cost for kernels and collectives alike: the mean of the kinds measured
     out["launch_eager_us"] = plausible(statistics.fmean(host.values()), 0.1, 1e4, "eager launch us")
+    out.update({f"launch_{k}": v for k, v in more.items()})
+    out["launch_host_us"] = {k.removesuffix("_host_us"): plausible(v, 0.1, 1e4, f"{k} launch us")
+                             for k, v in (host | more).items()}
     figs = launch_figures(_pool(rs, "prefilled_device_us"), _pool(rs, "graph_device_us"))
     out.update(figs)
     plausible(figs["kernel_floor_us"], 0.05, 1e3, "kernel floor us")
@@ -632,7 +637,8 @@ def assemble_profile(ranks: list[dict], base: HardwareProfile, meta: dict, *, na
     if run_error:
         raw["run_error"] = run_error
     desc = f"{gpu_summary(gpus)} calibrated by taxes calibrate{' --quick' if raw['quick'] else ''} from {base.name}"
-    prof = HardwareProfile(name=name, description=desc[:200], source=source[:200], extra={"calibration": raw}, **v)
+    prof = HardwareProfile(name=name, description=desc[:200], source=source[:200], extra={"calibration": raw},
+                           launch_host_us=dict(fig.get("launch_host_us") or {}), **v)
     return profile_from_dict(profile_to_dict(prof), origin=f"calibrated profile {name}"), raw
 
 
@@ -905,14 +911,33 @@ def measure_launch(ctx, plan: Plan, cycles_per_us: float) -> dict:
     def torch_launch():
         x.add_(1)
 
+    # our fused GEMMs' launch path: three TMA descriptors built, then a persistent Triton kernel (tiny shape)
+    from taxes.kernels.ag_gemm import Config, PersistentGemm
+
+    gemm = PersistentGemm(ctx.device, Config(num_stages=3))
+    ga = torch.zeros(128, 64, dtype=torch.bfloat16, device=ctx.device)
+    gw = torch.zeros(64, 256, dtype=torch.bfloat16, device=ctx.device)
+    go = torch.empty(128, 256, dtype=torch.bfloat16, device=ctx.device)
+
+    def triton_tma_launch():
+        gemm(ga, gw, go)
+
+    one = torch.cuda.CUDAGraph()  # one CUDA graph replay's host call (a one-kernel graph)
+    with torch.cuda.graph(one):
+        triton_launch()
+
     for _ in range(20):
         triton_launch()
         torch_launch()
+        triton_tma_launch()
+        one.replay()
     torch.cuda.synchronize()
-    out = {"launches": n, "triton_host_us": [], "torch_host_us": [], "eager_device_us": [], "prefilled_device_us": [],
-           "prefilled_ahead": [], "graph_device_us": [], "graph_ahead": []}
+    out = {"launches": n, "triton_host_us": [], "torch_host_us": [], "triton_tma_host_us": [], "graph_host_us": [],
+           "eager_device_us": [], "prefilled_device_us": [], "prefilled_ahead": [], "graph_device_us": [],
+           "graph_ahead": []}
     for _ in range(plan.reps):
-        for key, fn in (("triton_host_us", triton_launch), ("torch_host_us", torch_launch)):
+        for key, fn in (("triton_host_us", triton_launch), ("torch_host_us", torch_launch),
+                        ("triton_tma_host_us", triton_tma_launch), ("graph_host_us", one.replay)):
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

@@ -26,7 +26,7 @@ VARIANTS = {
 }
 # the model variant whose prediction (and intermediate bytes) a measured variant is compared with
 MODEL_OF = {"bsp": "bsp", "bsp-graph": "bsp-graph", "fused-pull": "fused-pull", "fused-push": "fused-push",
-            "fused-push-graph": "fused-push"} | {v: v for v in TP_MLP_VARIANTS}
+            "fused-push-graph": "fused-push-graph"} | {v: v for v in TP_MLP_VARIANTS}
 @dataclass
 class Case:
     inputs: list[tuple]  # input sets; run(*inputs[i]) writes the set's last tensor (the output)

@@ -18,6 +18,9 @@ from taxes.errors import TaxesError
 
 PROFILE_SCHEMA = "taxes.hardware"
 PROFILE_VERSION = 1
+# Launcher kinds with their own host cost: a torch op, a plain Triton kernel, a Triton kernel whose
+# launcher also builds TMA descriptors (our fused GEMMs), an NCCL collective, one CUDA graph replay.
+LAUNCHERS = ("torch", "triton", "triton_tma", "nccl", "graph")
 MAX_PROFILE_BYTES = 16 * 1024 * 1024  # a profile with calibration curves is tens of KiB; refuse more than this
 
 
@@ -44,6 +47,13 @@ class HardwareProfile:
     collective_efficiency: float  # fraction of link bandwidth a large NCCL collective reaches
     p2p_efficiency: float  # fraction of link bandwidth a kernel's peer stores/loads reach
     extra: dict = field(default_factory=dict)  # calibration detail (curves, raw readings)
+    # host time of one eager launch per launcher kind (LAUNCHERS), us; a kind not measured costs
+    # launch_eager_us (profiles calibrated before this field existed have none)
+    launch_host_us: dict = field(default_factory=dict)
+
+    def launch_us(self, kind: str) -> float:
+        """Host time of one launch of this kind from Python (kinds: LAUNCHERS)."""
+        return float(self.launch_host_us.get(kind, self.launch_eager_us))
 
     def peak_flops(self, dtype: str) -> float:
         if dtype not in self.matrix_tflops:
@@ -199,7 +209,7 @@ def profile_from_dict(d: dict, origin: str = "profile") -> HardwareProfile:
     if type(version) is not int or version != PROFILE_VERSION:
         raise _bad(origin, f"hardware profile version {_short(version)} is not supported (this taxes reads version {PROFILE_VERSION})")
     names = {f.name for f in fields(HardwareProfile)}
-    missing = sorted(names - set(d) - {"extra", "description", "source"})
+    missing = sorted(names - set(d) - {"extra", "description", "source", "launch_host_us"})
     if missing:
         raise _bad(origin, f"hardware profile lacks {missing[0]}")
     for key in ("name", "description", "source"):
@@ -234,8 +244,12 @@ def profile_from_dict(d: dict, origin: str = "profile") -> HardwareProfile:
         json.dumps(extra, allow_nan=False)
     except (ValueError, TypeError, RecursionError):
         raise _bad(origin, "extra holds a value JSON cannot keep (a non-finite number, or nested too deeply?)") from None
+    hosts = d.get("launch_host_us", {})
+    if not isinstance(hosts, dict) or not all(k in LAUNCHERS and _finite(v) for k, v in hosts.items()):
+        raise _bad(origin, f"launch_host_us must map launcher kinds ({', '.join(LAUNCHERS)}) to finite non-negative numbers")
     return HardwareProfile(
         name=d["name"] if isinstance(d["name"], str) and d["name"] else "unnamed",
+        launch_host_us={k: float(v) for k, v in hosts.items()},
         description=d.get("description", ""),
         source=d.get("source", "file"),
         matrix_tflops={k: float(v) for k, v in tf.items()},

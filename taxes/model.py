@@ -84,6 +84,7 @@ class Step:
     name: str
     role: str  # compute | communication
     parts: dict[str, float]
+    launcher: str = "torch"  # whose host launch path issues it (taxes.hardware.LAUNCHERS)
 
     @property
     def duration_us(self) -> float:
@@ -144,8 +145,9 @@ def _work_us(w: Workload, hw: HardwareProfile, efficiency: float, flops: float |
     return max(flops / (hw.peak_flops(w.dtype) * efficiency) * 1e6, _hbm_us(w.hbm_bytes(), hw))
 
 
-def _compute_step(name: str, fl: Floor, time_us: float, locality_us: float = 0.0) -> Step:
-    return Step(name, "compute", {"ideal": fl.work_us, "inefficiency": time_us - fl.work_us, "locality": locality_us})
+def _compute_step(name: str, fl: Floor, time_us: float, locality_us: float = 0.0, launcher: str = "torch") -> Step:
+    return Step(name, "compute", {"ideal": fl.work_us, "inefficiency": time_us - fl.work_us, "locality": locality_us},
+                launcher)
 
 
 def _collective_step(name: str, w: Workload, hw: HardwareProfile, fl: Floor, nbytes_in: float, locality_us: float) -> Step:
@@ -157,12 +159,13 @@ def _collective_step(name: str, w: Workload, hw: HardwareProfile, fl: Floor, nby
         "locality": locality_us,
         "ideal": unhideable,
         "exposed_transfer": transfer - unhideable,
-    })
+    }, "nccl")
 
 
-def _small_kernel_step(name: str, hw: HardwareProfile, locality_us: float) -> Step:
+def _small_kernel_step(name: str, hw: HardwareProfile, locality_us: float, launcher: str = "triton") -> Step:
     """A combine-like kernel: its bytes are all intermediate; below the kernel floor it idles."""
-    return Step(name, "compute", {"locality": locality_us, "inefficiency": max(0.0, hw.kernel_floor_us - locality_us)})
+    return Step(name, "compute", {"locality": locality_us, "inefficiency": max(0.0, hw.kernel_floor_us - locality_us)},
+                launcher)
 
 
 def _overlap(chunks: list[tuple[float, float]]) -> tuple[float, float]:
@@ -177,7 +180,8 @@ def _overlap(chunks: list[tuple[float, float]]) -> tuple[float, float]:
     return t, wait
 
 
-def _fused_step(name: str, fl: Floor, finish: float, wait: float, wait_no_skew: float, locality_us: float) -> Step:
+def _fused_step(name: str, fl: Floor, finish: float, wait: float, wait_no_skew: float, locality_us: float,
+                launcher: str = "triton_tma") -> Step:
     """Split a fused kernel's (finish, wait) into components.
 
     Waiting up to the unhideable link time is part of the floor; waiting beyond it is the fused
@@ -191,7 +195,7 @@ def _fused_step(name: str, fl: Floor, finish: float, wait: float, wait_no_skew: 
         "exposed_transfer": excess_wait - sync,
         "inefficiency": finish - fl.ideal_us - excess_wait,
         "locality": locality_us,
-    })
+    }, launcher)
 
 
 # ---- the workloads' steps --------------------------------------------------------------------------
@@ -205,7 +209,7 @@ def _ag_gemm_steps(w: AgGemm, variant: str, hw: HardwareProfile, fl: Floor, opt:
             _compute_step("matmul", fl, _work_us(w, hw, hw.matmul_efficiency), locality_us=half),
         ]
     p = w.world
-    push = variant == "fused-push"
+    push = variant.startswith("fused-push")
     sm_share = hw.sm_count / (hw.sm_count - opt.push_producer_sms) if push else 1.0
     compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share
     n = (p - 1) * opt.chunks_per_peer
@@ -231,7 +235,7 @@ def _gemm_rs_steps(w: GemmRs, variant: str, hw: HardwareProfile, fl: Floor, opt:
             _collective_step("reduce_scatter", w, hw, fl, w.link_bytes(), locality_us=half),
         ]
     p = w.world
-    push = variant == "fused-push"
+    push = variant.startswith("fused-push")
     sm_share = hw.sm_count / (hw.sm_count - opt.push_producer_sms) if push else 1.0
     compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share
     n = (p - 1) * opt.chunks_per_peer  # chunks of the peers' row blocks, computed first
@@ -263,7 +267,8 @@ def _flash_decode_steps(w: FlashDecode, variant: str, hw: HardwareProfile, fl: F
     p, part = w.world, w.partial_bytes()
     splits = w.kv_splits(hw.sm_count)
     split_io = splits * part  # the split-KV kernel's partials, written then read by the combine
-    attention = _compute_step("split_kv_attention", fl, _work_us(w, hw, hw.matmul_efficiency), _hbm_us(split_io, hw))
+    attention = _compute_step("split_kv_attention", fl, _work_us(w, hw, hw.matmul_efficiency), _hbm_us(split_io, hw),
+                              launcher="triton")
     if variant in BSP_VARIANTS:
         return [
             attention,
@@ -273,7 +278,7 @@ def _flash_decode_steps(w: FlashDecode, variant: str, hw: HardwareProfile, fl: F
         ]
     # Fused: one combine kernel merges the splits, sends the rank's partial to every peer (push) or
     # publishes it for them to read (pull), and merges peers' partials as their flags arrive.
-    push = variant == "fused-push"
+    push = variant.startswith("fused-push")
     rate = hw.inbound_bytes_per_us(p) * hw.p2p_efficiency
     transfer = (w.link_bytes() / rate + hw.link_latency_us + (hw.flag_round_trip_us / 2 if push else hw.flag_round_trip_us)) if p > 1 else 0.0
     locality = _hbm_us(split_io + 2 * (p - 1) * part, hw)
@@ -284,7 +289,7 @@ def _flash_decode_steps(w: FlashDecode, variant: str, hw: HardwareProfile, fl: F
         "sync_wait": hw.rank_skew_us if p > 1 else 0.0,
         "ideal": unhideable,
         "exposed_transfer": transfer - unhideable,
-    })
+    }, "triton")
     return [attention, combine]
 
 
@@ -309,8 +314,8 @@ def _tp_mlp_steps(w: TpMlp, variant: str, hw: HardwareProfile, fl: Floor, opt: M
     gemm2.parts["locality"] += _hbm_us(z, hw)
     if part in BSP_VARIANTS:
         gemm1.name, gemm2.name = "matmul1", "matmul2"
-        activation = [_small_kernel_step("silu", hw, _hbm_us(y1 / 2 + z, hw)),
-                      _small_kernel_step("mul", hw, _hbm_us(z + y1 / 2 + z, hw))]
+        activation = [_small_kernel_step("silu", hw, _hbm_us(y1 / 2 + z, hw), "torch"),
+                      _small_kernel_step("mul", hw, _hbm_us(z + y1 / 2 + z, hw), "torch")]
     else:
         activation = [_small_kernel_step("swiglu", hw, _hbm_us(y1 + z, hw))]
     steps = ag_steps + activation + rs_steps
@@ -336,7 +341,7 @@ def _rescale_ideal(steps: list[Step], ideal_us: float) -> None:
 _STEPS = {"ag-gemm": _ag_gemm_steps, "gemm-rs": _gemm_rs_steps, "flash-decode": _flash_decode_steps,
           "tp-mlp": _tp_mlp_steps}
 # Variants whose launches are one CUDA graph: one launch call, then launch_graph_us between kernels.
-GRAPH_VARIANTS = ("bsp-graph", "all-graph", "all-fused")
+GRAPH_VARIANTS = ("bsp-graph", "fused-push-graph", "all-graph", "all-fused")
 
 
 # ---- the launch queue ----------------------------------------------------------------------------
@@ -345,15 +350,18 @@ GRAPH_VARIANTS = ("bsp-graph", "all-graph", "all-fused")
 def schedule(steps: list[Step], variant: str, hw: HardwareProfile) -> tuple[list[Phase], float]:
     """Place steps on the device timeline; return the phases and the total idle (launch tax).
 
-    Eager: the host issues launch i when launch i-1's call returns, each call costing launch_eager_us;
-    the device starts a step when its launch has been issued and the previous step has ended.
-    CUDA graph: one launch call for the whole graph, then launch_graph_us between its kernels."""
-    phases, t, idle = [], 0.0, 0.0
+    Eager: the host issues launch i when launch i-1's call returns, each call costing its launcher's
+    host time (hw.launch_us(step.launcher): a torch op, a Triton kernel, a Triton kernel that builds TMA
+    descriptors, an NCCL collective); the device starts a step when its launch has been issued and the
+    previous step has ended. CUDA graph: one replay call (hw.launch_us("graph")), then launch_graph_us
+    between its kernels."""
+    phases, t, idle, host = [], 0.0, 0.0, 0.0
     for i, step in enumerate(steps):
         if variant in GRAPH_VARIANTS:
-            ready = hw.launch_eager_us if i == 0 else t + hw.launch_graph_us
+            ready = hw.launch_us("graph") if i == 0 else t + hw.launch_graph_us
         else:
-            ready = (i + 1) * hw.launch_eager_us
+            host += hw.launch_us(step.launcher)
+            ready = host
         start = max(t, ready)
         idle += start - t
         t = start + step.duration_us

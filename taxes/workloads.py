@@ -23,7 +23,7 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2}
 PARTIAL_BYTES = 4
 
 BSP_VARIANTS = ("bsp", "bsp-graph")
-FUSED_VARIANTS = ("fused-pull", "fused-push")
+FUSED_VARIANTS = ("fused-pull", "fused-push", "fused-push-graph")
 MODEL_VARIANTS = BSP_VARIANTS + FUSED_VARIANTS
 # tp-mlp is a layer of two GEMM workloads; its variants name how the whole layer runs, and each maps to
 # the variant both of its GEMM parts (ag-gemm, gemm-rs) run in.

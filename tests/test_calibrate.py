@@ -282,6 +282,28 @@ def test_every_field_in_range_for_any_plausible_machine(seed, scale, world):
         assert prof.p2p_efficiency == H200.p2p_efficiency and prof.collective_efficiency == H200.collective_efficiency
 
 
+def test_each_launcher_kind_gets_its_own_host_cost():
+    """TMA-descriptor Triton launches and graph replays are measured beside the three kinds whose mean is
+    launch_eager_us; the profile keeps every kind, and readings without the new kinds still calibrate."""
+    rng = random.Random(11)
+    ranks = synthetic_ranks(rng)
+    for r in ranks:
+        r["figures"]["launch"]["triton_tma_host_us"] = _noisy(rng, 61.0, 7)
+        r["figures"]["launch"]["graph_host_us"] = _noisy(rng, 9.0, 7)
+    prof, _ = assemble(ranks)
+    want = {"triton": TRUTH["triton_host_us"], "torch": TRUTH["torch_host_us"], "nccl": TRUTH["nccl_host_us"],
+            "triton_tma": 61.0, "graph": 9.0}
+    assert set(prof.launch_host_us) == set(want)
+    for kind, us in want.items():
+        assert prof.launch_us(kind) == pytest.approx(us, rel=0.02), kind
+    # the mean that older code and profiles use is unchanged by the new kinds
+    assert prof.launch_eager_us == pytest.approx((TRUTH["triton_host_us"] + TRUTH["torch_host_us"] + TRUTH["nccl_host_us"]) / 3,
+                                                 rel=0.02)
+    old, _ = assemble(synthetic_ranks(random.Random(11)))
+    assert "triton_tma" not in old.launch_host_us and old.launch_us("triton_tma") == old.launch_eager_us
+    assert profile_from_dict(profile_to_dict(prof)).launch_host_us == prof.launch_host_us
+
+
 @pytest.mark.parametrize("world", [2])
 def test_measured_and_datasheet_peaks_predict_the_same_times(world):
     """Only the floor moves between the two peak conventions: efficiency x peak is the measured rate either

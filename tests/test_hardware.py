@@ -206,3 +206,14 @@ def test_profile_field_mutations_validate_or_fail_cleanly(key, value):
         assert p.hbm_gbps > 0 and p.peer_link_gbps > 0 and p.injection_gbps > 0
         assert p.matrix_tflops and all(v > 0 for v in p.matrix_tflops.values())
         assert isinstance(p.extra, dict)
+
+
+def test_per_launcher_host_costs_must_name_known_kinds():
+    from taxes.hardware import BUILTIN, profile_from_dict, profile_to_dict
+
+    d = profile_to_dict(BUILTIN["h200-sxm"])
+    ok = profile_from_dict(d | {"launch_host_us": {"nccl": 25.0, "graph": 8.0}})
+    assert ok.launch_us("nccl") == 25.0 and ok.launch_us("torch") == ok.launch_eager_us
+    for bad in ({"cudnn": 3.0}, {"nccl": -1.0}, {"nccl": float("nan")}, ["nccl"]):
+        with pytest.raises(TaxesError, match="launch_host_us must map launcher kinds"):
+            profile_from_dict(d | {"launch_host_us": bad})

@@ -228,6 +228,34 @@ def test_graph_changes_only_the_launch_tax(w, hw_name):
     assert eager.components["launch"] >= hw.launch_eager_us * (1 - 1e-12)
 
 
+def test_eager_launches_cost_their_launchers_host_time():
+    """Eager: the host issues each step after the previous call returned, at its launcher's cost; a graph
+    costs one replay call. Only the launch tax moves when one launcher gets dearer."""
+    import dataclasses
+
+    base = BUILTIN["h200-sxm"]
+    costs = {"torch": 7.0, "triton": 11.0, "triton_tma": 60.0, "nccl": 25.0, "graph": 9.0}
+    hw = dataclasses.replace(base, launch_host_us=costs, launch_graph_us=0.5)
+    w = make_workload("ag-gemm", {"M": 256, "N": 512, "K": 512}, 2)  # tiny: every step waits for the host
+    bsp = predict(w, "bsp", hw)
+    # all-gather (NCCL) then matmul (torch): the matmul cannot start before both calls returned
+    assert [ph.name for ph in bsp.phases] == ["all_gather", "matmul"]
+    assert bsp.phases[0].start_us == pytest.approx(costs["nccl"])
+    assert bsp.phases[1].start_us >= costs["nccl"] + costs["torch"] - 1e-9
+    fused = predict(w, "fused-push", hw)
+    assert fused.phases[0].start_us == pytest.approx(costs["triton_tma"]) == fused.components["launch"]
+    graphed = predict(w, "fused-push-graph", hw)
+    assert graphed.components["launch"] == pytest.approx(costs["graph"])
+    for c in COMPONENTS:  # the graph changes the launch tax only
+        if c != "launch":
+            assert graphed.components[c] == pytest.approx(fused.components[c]), c
+    dearer = predict(w, "fused-push", dataclasses.replace(hw, launch_host_us=costs | {"triton_tma": 120.0}))
+    assert dearer.components["launch"] == pytest.approx(120.0)
+    assert dearer.e2e_us - fused.e2e_us == pytest.approx(60.0)
+    # a profile without per-kind costs charges launch_eager_us to every kind
+    assert predict(w, "fused-push", base).components["launch"] == pytest.approx(base.launch_eager_us)
+
+
 @pytest.mark.parametrize("hw_name", PROFILES)
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
 def test_fused_ag_gemm_has_less_locality_than_bsp(hw_name, world):
