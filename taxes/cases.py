@@ -39,6 +39,16 @@ def _sets_for(bytes_per_set: float, on_gpu: bool) -> int:
     return max(1, min(4, math.ceil(3 * L2_BYTES / max(bytes_per_set, 1)))) if on_gpu else 1
 
 
+def _own_rows(ctx, rows_total: int, cols: int, dtype, g: torch.Generator):
+    """A symmetric rows_total x cols buffer: this rank's shard of rows random (from g), the peers' rows
+    workspace, poisoned with NaN until a variant fills them."""
+    buf = ctx.heap.alloc((rows_total, cols), dtype)
+    buf.local.fill_(float("nan"))
+    rows = rows_total // ctx.world
+    buf.local[ctx.rank * rows:(ctx.rank + 1) * rows] = torch.randn(rows, cols, generator=g, device=ctx.device).to(dtype)
+    return buf
+
+
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref||; a NaN left in the (poisoned) output gives inf."""
     diff = (out.float() - ref).norm().item()
@@ -55,9 +65,7 @@ def ag_gemm_case(ctx, w: AgGemm, wait_s: float, config_overrides: dict | None = 
     sets = []
     for s in range(n_sets):
         g = torch.Generator(device=ctx.device).manual_seed(1000 * s + 10 * ctx.rank + M + N_local + K)
-        a_full = ctx.heap.alloc((M, K), dtype)
-        a_full.local.fill_(float("nan"))  # peer rows are workspace, poisoned until a variant fills them
-        a_full.local[ctx.rank * rows:(ctx.rank + 1) * rows] = torch.randn(rows, K, generator=g, device=ctx.device).to(dtype)
+        a_full = _own_rows(ctx, M, K, dtype, g)
         wl = (torch.randn(K, N_local, generator=g, device=ctx.device) / K ** 0.5).to(dtype)
         sets.append((a_full, wl, torch.empty(M, N_local, dtype=dtype, device=ctx.device)))
     ctx.barrier()
@@ -146,9 +154,7 @@ def tp_mlp_case(ctx, w: TpMlp, wait_s: float, config_overrides: dict | None = No
     sets = []
     for s in range(n_sets):
         g = torch.Generator(device=ctx.device).manual_seed(1000 * s + 10 * ctx.rank + M + H + F)
-        x_full = ctx.heap.alloc((M, H), dtype)
-        x_full.local.fill_(float("nan"))  # peer rows are workspace, poisoned until a variant fills them
-        x_full.local[ctx.rank * rows:(ctx.rank + 1) * rows] = torch.randn(rows, H, generator=g, device=ctx.device).to(dtype)
+        x_full = _own_rows(ctx, M, H, dtype, g)
         w1 = (torch.randn(H, 2 * f_local, generator=g, device=ctx.device) / H ** 0.5).to(dtype)
         w2 = (torch.randn(f_local, H, generator=g, device=ctx.device) / F ** 0.5).to(dtype)
         sets.append((x_full, w1, w2, torch.empty(rows, H, dtype=dtype, device=ctx.device)))
