@@ -45,9 +45,11 @@ def candidates(variant: str, base: ag.Config, shard_rows: int, producers=("ctas"
     out = []
     if "ctas" in producers or variant == "fused-pull":
         out += [replace(base, producer="ctas", copiers=n, chunk_rows=c) for n in copier_counts for c in chunks]
-    if variant == "fused-push" and "copy-engine" in producers:
-        # Each copy-engine chunk costs two host calls (data, flag): few, large chunks.
-        ce_chunks = sorted({c for c in (shard_rows // 8, shard_rows // 2) if c >= 16 and shard_rows % c == 0}) or [shard_rows]
+    if variant in ("fused-push", "fused-push-graph") and "copy-engine" in producers:
+        # Each copy-engine chunk costs two host calls (data, flag), eagerly: few, large chunks there; a graph
+        # replays them without the host, so smaller chunks (the first arrives sooner) are tried too.
+        fracs = (8, 2) if variant == "fused-push" else (16, 8, 4)
+        ce_chunks = sorted({c for c in (shard_rows // f for f in fracs) if c >= 16 and shard_rows % c == 0}) or [shard_rows]
         out += [replace(base, producer="copy-engine", chunk_rows=c) for c in ce_chunks]
     return out
 
@@ -146,7 +148,8 @@ def bench_job(ctx, args) -> dict:
                 tuned.append({"variant": variant, "M": M, "N": N, "K": K, "world": ctx.world, "median_us": best["median"],
                               "config": {k: v for k, v in asdict(best["cfg"]).items()}})
             if len(tried) > 1:
-                entry["config"]["candidates"] = [{"median_us": t["median"], "rel_error": t["rel_error"], "error": t["error"],
+                entry["config"]["candidates"] = [{"median_us": t["median"] if t["error"] is None else None,
+                                                  "rel_error": t["rel_error"], "error": t["error"],
                                                   **asdict(t["cfg"])} for t in tried]
             case["variants"].append(entry)
             ctx.barrier()

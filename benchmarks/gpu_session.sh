@@ -2,7 +2,8 @@
 # The measurements behind reports/, on a 2-GPU node, from a bare checkout (installs nothing):
 #
 #   bash benchmarks/gpu_session.sh calibrate OUT     # this machine's hardware profile, and real traces
-#   bash benchmarks/gpu_session.sh sweeps OUT        # the benchmark sweeps of ag-gemm and flash decode,
+#   bash benchmarks/gpu_session.sh sweeps OUT        # fused-push-graph tuned (merged into kernels/), the
+#                                                    # benchmark sweeps of ag-gemm and flash decode,
 #                                                    # profiler cross-check traces, fault injection
 #   bash benchmarks/gpu_session.sh gemm-rs OUT       # tune the fused gemm-rs (merged into kernels/), its sweep,
 #                                                    # the gpu-marked tests and the fault script under torchrun
@@ -86,6 +87,10 @@ if [ "$stage" = tp-mlp ]; then
     exit 0
 fi
 
+# fused-push-graph's tuned entries (CTA producer or the copy engine in the graph; merged into kernels/)
+timeout 150 python benchmarks/ag_gemm.py --world 2 --tune --install --variants fused-push-graph --iters 20 \
+    --tune-iters 8 --out "$OUT/tune" --name ag_gemm_tune_graph --timeout-s 140 2>&1 | tail -12
+cp kernels/ag_gemm_tuned.json "$OUT/"
 for N in 8192 28672; do
     shapes=""
     for M in 1024 2048 4096 8192 16384; do shapes="$shapes --shape M=$M,N=$N,K=8192"; done

@@ -73,6 +73,8 @@ def _write(doc: dict, output: str | None, force: bool) -> str | None:
 @click.option("--variants", default="", help="comma-separated (default: every variant of the workload)")
 @click.option("--iters", type=int, default=30, show_default=True)
 @click.option("--warmup", type=int, default=5, show_default=True)
+@click.option("--rounds", type=int, default=5, show_default=True,
+              help="time the variants interleaved, in this many blocks of iterations each (1: one after another)")
 @click.option("--hardware", "hardware_name", default="h200-sxm", show_default=True,
               help="profile for the floor and the model: a built-in, a saved calibration, or a JSON path")
 @click.option("--emulate", is_flag=True, help="CPU: run the kernels under Triton's interpreter (logic only)")
@@ -83,8 +85,8 @@ def _write(doc: dict, output: str | None, force: bool) -> str | None:
 @click.option("-o", "--output", default=None, help="result document path, or a directory to add a new one to")
 @click.option("--force", is_flag=True, help="overwrite an existing -o file")
 @click.option("--format", "fmt", type=click.Choice(["table", "md", "json", "html"]), default="table", show_default=True)
-def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, hardware_name, emulate, trace_dir, wait_s,
-                timeout_s, config_text, output, force, fmt):
+def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, hardware_name, emulate, trace_dir,
+                wait_s, timeout_s, config_text, output, force, fmt):
     """Run every variant of WORKLOAD on this node's GPUs and split each one's time into the three taxes."""
     from taxes.hardware import get_profile
     from taxes.profiling import plan, run_profile
@@ -96,7 +98,7 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, hardware
     if not emulate:
         gpus = _preflight(gpus, emulate)
     job = plan(workload, list(shapes) or None, gpus, [v for v in variants.split(",") if v] or None, dtype, iters,
-               warmup, emulate, trace_dir, wait_s, True, config)
+               warmup, emulate, trace_dir, wait_s, True, config, rounds)
     if emulate:
         _preflight(gpus, emulate)
         click.echo("taxes: --emulate runs the kernels under Triton's interpreter: correctness only, "

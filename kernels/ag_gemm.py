@@ -328,13 +328,21 @@ def _num_sms(device: torch.device) -> int:
 # Triton specialises integer arguments equal to 1 or divisible by 16: an epoch or rank passed plainly
 # would compile (and load) a new kernel mid-run, and loading a module while a spinning kernel holds the
 # GPU deadlocks against the peer. Per-call values are therefore never specialised.
-@triton.jit(do_not_specialize=["rank", "target", "budget"])
-def wait_peers_kernel(aux_ptr, rank, target, err_ptr, budget, WORLD: tl.constexpr, INTERPRET: tl.constexpr):
-    """Wait until every peer reported aux >= target (the copy-engine producer's guard against writing
-    into a buffer a peer is still reading)."""
+@triton.jit(do_not_specialize=["rank", "budget"])
+def wait_peers_kernel(aux_ptr, stamp_ptr, rank, err_ptr, budget, WORLD: tl.constexpr, INTERPRET: tl.constexpr):
+    """The copy-engine producer's guard, on the copy stream before a call's copies: e = the call's epoch
+    (stamp + 1: the guard runs once per call, so it counts calls as the GEMM's counters do, on the device,
+    and a CUDA graph can replay it); wait until every peer reported it finished reading call e - 1
+    (aux >= e - 1); then stamp = e, the value the flag copies behind it carry.
+
+    The epoch is not read from the GEMM's counters: this call's GEMM may already have finished (its peers'
+    rows arrived) and published e before the guard runs; the guard would then wait for call e to end on
+    the peers, which waits for this guard's copies."""
+    epoch = tl.load(stamp_ptr, volatile=True) + 1
     for d in range(1, WORLD):
         peer = (rank + d) % WORLD
-        wait_at_least(aux_ptr + peer, target, err_ptr, budget, 2, peer, "sys", INTERPRET)
+        wait_at_least(aux_ptr + peer, epoch - 1, err_ptr, budget, 2, peer, "sys", INTERPRET)
+    tl.store(stamp_ptr, epoch)
 
 
 class AgGemmFused:
@@ -372,6 +380,9 @@ class AgGemmFused:
         self.ctx, self.M, self.N_local, self.K = ctx, M, N_local, K
         self.push, self.cfg, self.chunk_rows, self.n_chunks = push, cfg, chunk, shard // chunk
         self.external = push and cfg.producer == "copy-engine" and p > 1
+        # CPU emulation only: run the copy-engine producer after this rank's GEMM, an order a GPU may also
+        # take (the GEMM ends once the peers' rows are in, before this rank's guard has run)
+        self.producer_after_gemm = False
         heap = ctx.heap
         self.flags = heap.zeros((p * self.n_chunks,), torch.int32)
         self.aux = heap.zeros((p,), torch.int32)
@@ -383,14 +394,14 @@ class AgGemmFused:
         self.cta_trace = torch.zeros(self.grid * CTA_TRACE_WORDS.value, dtype=torch.int64, device=ctx.device)
         self.tile_trace = torch.zeros(n_tiles, dtype=torch.int64, device=ctx.device)
         if self.external:
-            # Flag values come from a table of epochs, so a flag copy needs no kernel to produce its value.
-            self._table_base = 0
-            self._table = torch.arange(0, 1 << 16, dtype=torch.int32, device=ctx.device)
+            # The flag copies carry the call's epoch from `stamp`, counted by the guard kernel on the device.
+            self.stamp = torch.zeros(1, dtype=torch.int32, device=ctx.device)
             self._side = torch.cuda.Stream(ctx.device) if ctx.device.type == "cuda" else None
             # Load the guard kernel now: loading a module while a spinning GEMM holds the GPU waits for
             # that GEMM, which waits for the peer's copies, which wait for the peer's guard (deadlock).
-            wait_peers_kernel[(1,)](self.aux.local, ctx.rank, 0, self.err, self.budget, WORLD=p,
-                                    INTERPRET=self.interp, num_warps=1)
+            # Run on a scratch stamp it waits for aux >= 0, which holds at once.
+            wait_peers_kernel[(1,)](self.aux.local, torch.zeros_like(self.stamp), ctx.rank, self.err, self.budget,
+                                    WORLD=p, INTERPRET=self.interp, num_warps=1)
         ctx.barrier()  # every rank's flags are zero before anyone signals
 
     def __call__(self, a_full: SymBuffer, w_local: torch.Tensor, out: torch.Tensor, traced: bool = False) -> torch.Tensor:
@@ -406,11 +417,13 @@ class AgGemmFused:
             inputs_ready = torch.cuda.Event() if on_gpu else None
             if on_gpu:
                 inputs_ready.record()
-            else:  # no streams on the CPU: the producer's work simply comes first
+            elif not self.producer_after_gemm:  # no streams on the CPU: the producer's work comes first
                 self._copy_engine_push(a_full)
         _launch(cfg, self.grid, a_full.local, w_local, out, ctx.heap.bases, self.flags.local, self.aux.local,
                 self.counters, self.err, ctx.rank, self.chunk_rows, self.budget, ctx.world, self.push,
                 self.external, (self.cta_trace, self.tile_trace) if traced else None)
+        if self.external and not on_gpu and self.producer_after_gemm:
+            self._copy_engine_push(a_full)
         if self.external and on_gpu:
             main = torch.cuda.current_stream(ctx.device)
             self._side.wait_event(inputs_ready)  # not the GEMM: the copies overlap it
@@ -420,16 +433,12 @@ class AgGemmFused:
         return out
 
     def _copy_engine_push(self, a_full: SymBuffer) -> None:
-        """Per peer: wait until it finished reading its previous call's rows; then per chunk a peer copy
-        and, behind it on the same stream, a 4-byte copy of the epoch into the peer's flag (a copy starts
-        only when the copy before it has completed)."""
-        ctx, p, e = self.ctx, self.ctx.world, self.epoch
-        if e - self._table_base >= self._table.numel():
-            self._table_base = e
-            self._table = torch.arange(e, e + (1 << 16), dtype=torch.int32, device=ctx.device)
-        value = self._table[e - self._table_base:][:1]
-        wait_peers_kernel[(1,)](self.aux.local, ctx.rank, e - 1, self.err, self.budget, WORLD=p, INTERPRET=self.interp,
-                                num_warps=1)
+        """The guard (every peer finished reading its previous call's rows; the call's epoch stamped on
+        the device), then per peer and chunk a peer copy and, behind it on the same stream, a 4-byte copy
+        of the stamp into the peer's flag (a copy starts only when the copy before it has completed)."""
+        ctx, p = self.ctx, self.ctx.world
+        wait_peers_kernel[(1,)](self.aux.local, self.stamp, ctx.rank, self.err, self.budget, WORLD=p,
+                                INTERPRET=self.interp, num_warps=1)
         shard = self.M // p
         for d in range(1, p):
             peer = (ctx.rank + d) % p
@@ -437,7 +446,7 @@ class AgGemmFused:
                 r0 = ctx.rank * shard + c * self.chunk_rows
                 a_full.peers[peer][r0:r0 + self.chunk_rows].copy_(a_full.local[r0:r0 + self.chunk_rows], non_blocking=True)
                 idx = ctx.rank * self.n_chunks + c
-                self.flags.peers[peer][idx:idx + 1].copy_(value, non_blocking=True)
+                self.flags.peers[peer][idx:idx + 1].copy_(self.stamp, non_blocking=True)
 
     def phases(self, a_full: SymBuffer, w_local, out, traced: bool = False) -> list[tuple[str, str, object]]:
         """One launch (plus the copy engine's copies when it is the producer): a single phase."""
@@ -533,8 +542,9 @@ class AgGemmTorchAsyncTP:
 
 class AgGemmFusedGraph:
     """fused-push-graph: the fused kernel replayed from a CUDA graph (one per input set), so the host's
-    launch path (descriptors, argument handling) is paid once at capture. The epoch lives on the device,
-    so replays stay in step; the producer is always CTAs (the copy engine's flag values come from the host)."""
+    launch path (descriptors, argument handling, the copy engine's per-chunk calls) is paid once at
+    capture. The epoch lives on the device (the kernel's counters; the copy engine's guard stamps it for
+    the flag copies), so replays stay in step with either producer."""
 
     def __init__(self, fused: AgGemmFused):
         self.inner, self.ctx, self.cfg = fused, fused.ctx, fused.cfg
@@ -567,10 +577,7 @@ def make_variant(ctx: RankContext, variant: str, M: int, N_local: int, K: int, d
     if variant in ("bsp", "bsp-graph"):
         return AgGemmBsp(ctx, M, N_local, K, dtype, graph=variant == "bsp-graph")
     if variant == "fused-push-graph":
-        cfg = config or Config()
-        if cfg.producer == "copy-engine":
-            cfg = replace(cfg, producer="ctas", copiers=cfg.copiers or 16, chunk_rows=min(cfg.chunk_rows, 64))
-        return AgGemmFusedGraph(AgGemmFused(ctx, M, N_local, K, push=True, config=cfg, wait_s=wait_s))
+        return AgGemmFusedGraph(AgGemmFused(ctx, M, N_local, K, push=True, config=config or Config(), wait_s=wait_s))
     if variant in ("fused-pull", "fused-push"):
         return AgGemmFused(ctx, M, N_local, K, push=variant == "fused-push", config=config or Config(), wait_s=wait_s)
     if variant == "torch-async-tp":

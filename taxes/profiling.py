@@ -43,6 +43,7 @@ class Job:
     trace_dir: str | None
     config: dict
     progress: bool
+    rounds: int = 5  # timing rounds: every variant's iterations are interleaved in this many blocks
 
 
 _BAR: dict = {}  # rank 0's rich progress bar, for the life of its rank process
@@ -64,7 +65,7 @@ def _progress(ctx, job: Job, text: str, advance: int = 0) -> None:
                        console=Console(stderr=True), transient=True)
         bar.start()
         _BAR["bar"] = bar
-        _BAR["task"] = bar.add_task("taxes", total=len(job.shapes) * len(job.variants) * 3)
+        _BAR["task"] = bar.add_task("taxes", total=len(job.shapes) * len(job.variants) * 3)  # check, plain, phased
     _BAR["bar"].update(_BAR["task"], description=f"[taxes] {text}", advance=advance)
 
 
@@ -107,6 +108,7 @@ def _rank_case(ctx, job: Job, shape: dict) -> dict:
     _progress(ctx, job, f"{w.name} {shape}")
     case = make_case(ctx, w, job.wait_s, job.config)
     out = {"variants": [], "extra": case.extra, "shape": shape}
+    built = []  # (variant, res, runner): every variant is built and checked first, then timed in rounds
     for variant in job.variants:
         ctx.doing(f"{variant}: build and check")
         _progress(ctx, job, f"{variant}: check")
@@ -126,45 +128,58 @@ def _rank_case(ctx, job: Job, shape: dict) -> dict:
                 raise RuntimeError(f"relative error {res['rel_error']:.3g} above {TOLERANCE}")
 
         agree(ctx, res, build_and_check)
-        runner = holder.get("run")
-        fused = is_fused(variant)
-
-        def plain():
-            ctx.doing(f"{variant}: timing")
-            _progress(ctx, job, f"{variant}: {job.iters} timed iterations", advance=1)
-            res["samples"] = time_iterations(ctx, runner, case.inputs, job.iters, job.warmup, label=variant)
-            if hasattr(runner, "check"):
-                runner.check()
-
-        def phased():
-            if not hasattr(runner, "phases"):
-                return
-            ctx.doing(f"{variant}: per-phase timing")
-            _progress(ctx, job, f"{variant}: {job.iters} instrumented iterations", advance=1)
-
-            def after(rec):
-                tr = fused_trace(runner) if fused else None
-                if tr:
-                    rec["traced"] = {name: attribution.trace_summary(rows) for name, rows in tr.items()}
-                    rec["cta"] = {name: rows for name, rows in tr.items()}
-
-            recs = time_phases(ctx, lambda *x: runner.phases(*x, traced=fused), case.inputs, job.iters, job.warmup,
-                               label=f"{variant} phases", after=after, graph=is_graphed(variant))
-            if hasattr(runner, "check"):
-                runner.check()
-            for rec in recs[:-1]:
-                rec.pop("cta", None)  # keep the per-CTA timeline of the last iteration only
-            res["phased"] = recs
-
-        agree(ctx, res, plain)
-        agree(ctx, res, phased)
-        _progress(ctx, job, f"{variant}: done", advance=1)
-        if res["rel_error"] is not None:
-            res["rel_error"] = ctx.all_max([res["rel_error"]])[0]
+        _progress(ctx, job, f"{variant}: checked", advance=1)
+        built.append((variant, res, holder.get("run")))
         out["variants"].append(res)
-        holder.clear()
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize()
+
+    # Timing in rounds: each round times a block of plain and then of instrumented iterations of every
+    # variant in turn, so clocks drifting over the case (10-14% within a minute under the power limit,
+    # docs/gemm_rs.md) and host state touch every variant and both timings alike.
+    rounds = max(1, min(job.rounds, job.iters))
+    blocks = [job.iters // rounds + (1 if r < job.iters % rounds else 0) for r in range(rounds)]
+    for r, n in enumerate(blocks):
+        warmup = job.warmup if r == 0 else min(job.warmup, 2)
+        last = r == rounds - 1
+        for variant, res, runner in built:
+            fused = is_fused(variant)
+
+            def plain():
+                ctx.doing(f"{variant}: timing (round {r + 1} of {rounds})")
+                _progress(ctx, job, f"{variant}: round {r + 1}/{rounds}, {n} timed iterations", advance=int(last))
+                res["samples"] += time_iterations(ctx, runner, case.inputs, n, warmup, label=variant)
+                if hasattr(runner, "check"):
+                    runner.check()
+
+            def phased():
+                if not hasattr(runner, "phases"):
+                    return
+                ctx.doing(f"{variant}: per-phase timing (round {r + 1} of {rounds})")
+                _progress(ctx, job, f"{variant}: round {r + 1}/{rounds}, {n} instrumented iterations",
+                          advance=int(last))
+
+                def after(rec):
+                    tr = fused_trace(runner) if fused else None
+                    if tr:
+                        rec["traced"] = {name: attribution.trace_summary(rows) for name, rows in tr.items()}
+                        rec["cta"] = {name: rows for name, rows in tr.items()}
+
+                recs = time_phases(ctx, lambda *x: runner.phases(*x, traced=fused), case.inputs, n, warmup,
+                                   label=f"{variant} phases", after=after, graph=is_graphed(variant))
+                if hasattr(runner, "check"):
+                    runner.check()
+                res["phased"] += recs
+                for rec in res["phased"][:-1]:
+                    rec.pop("cta", None)  # keep the per-CTA timeline of the last iteration only
+
+            agree(ctx, res, plain)
+            agree(ctx, res, phased)
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize()
+    # one collective for every variant, even where a rank has no error to report (-1)
+    worst = ctx.all_max([-1.0 if res["rel_error"] is None else res["rel_error"] for _, res, _ in built])
+    for (_, res, _), e in zip(built, worst):
+        res["rel_error"] = None if e < 0 else e
+    built.clear()
     if job.trace_dir:
         ctx.doing("recording a torch.profiler trace")
         out["trace"] = _record_trace(ctx, job, case, w)
@@ -250,7 +265,9 @@ def build_document(results: list[dict], job: Job, hw: HardwareProfile, emulated:
     from taxes.results import collect_metadata, new_document
 
     meta = collect_metadata("profile", job.world, hw.name, emulated=emulated, iterations=job.iters,
-                            warmup=job.warmup, timing="cuda events (plain and per phase); globaltimer per CTA (traced)",
+                            warmup=job.warmup, rounds=job.rounds,
+                            timing="cuda events (plain and per phase, every variant interleaved in rounds); "
+                                   "globaltimer per CTA (traced)",
                             **{k: v for k, v in results[0]["meta"].items()})
     doc = new_document(meta)
     for i in range(len(results[0]["cases"])):
@@ -472,15 +489,16 @@ class Result:
 
 def plan(workload: str, shape: dict | str | list | None = None, gpus: int = 2, variants: list[str] | None = None,
          dtype: str = "bf16", iters: int = 30, warmup: int = 5, emulate: bool = False, trace_dir: str | None = None,
-         wait_s: float = 5.0, progress: bool = False, config: dict | None = None) -> Job:
-    """Check every input (one-line TaxesError) and return the job, before anything runs."""
+         wait_s: float = 5.0, progress: bool = False, config: dict | None = None, rounds: int = 5) -> Job:
+    """Check every input (one-line TaxesError) and return the job, before anything runs. The iterations of
+    every variant are timed in `rounds` interleaved blocks (1: one variant after another)."""
     from taxes.cases import VARIANTS
     from taxes.workloads import DEFAULT_SHAPES, parse_shape
 
     if workload not in VARIANTS:
         raise TaxesError(f"profile: no kernels for workload {workload!r} (profiled: {', '.join(VARIANTS)})")
-    if iters < 1 or warmup < 0:
-        raise TaxesError("profile: --iters must be at least 1 and --warmup at least 0")
+    if iters < 1 or warmup < 0 or rounds < 1:
+        raise TaxesError("profile: --iters and --rounds must be at least 1 and --warmup at least 0")
     shapes = shape if isinstance(shape, list) else [shape]
     shapes = [parse_shape(s) if isinstance(s, str) else dict(s or {}) for s in shapes]
     ws = [make_workload(workload, dict(DEFAULT_SHAPES[workload]) | s, gpus, dtype) for s in shapes]
@@ -493,19 +511,20 @@ def plan(workload: str, shape: dict | str | list | None = None, gpus: int = 2, v
     else:
         _check_memory(ws, names)
     return Job(workload, [shape_of(w) for w in ws], gpus, dtype, names, iters, warmup, wait_s, trace_dir, config or {},
-               progress)
+               progress, rounds)
 
 
 def profile(workload: str, shape: dict | str | list | None = None, gpus: int = 2, variants: list[str] | None = None,
             dtype: str = "bf16", iters: int = 30, warmup: int = 5, emulate: bool = False,
             hardware: str | HardwareProfile = "h200-sxm", trace_dir: str | None = None, wait_s: float = 5.0,
-            timeout_s: float = 600.0, progress: bool = False, config: dict | None = None) -> Result:
+            timeout_s: float = 600.0, progress: bool = False, config: dict | None = None, rounds: int = 5) -> Result:
     """Profile a workload at one shape (or a list of shapes, one case each); returns a Result (document +
     DataFrames). See `taxes profile --help`."""
     from taxes.hardware import get_profile
 
     hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
-    job = plan(workload, shape, gpus, variants, dtype, iters, warmup, emulate, trace_dir, wait_s, progress, config)
+    job = plan(workload, shape, gpus, variants, dtype, iters, warmup, emulate, trace_dir, wait_s, progress, config,
+               rounds)
     return Result(run_profile(job, hw, emulate, timeout_s))
 
 

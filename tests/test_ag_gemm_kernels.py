@@ -62,6 +62,7 @@ CASES = [
     ("fused-push", SMALL),
     ("fused-push-graph", SMALL),
     ("fused-push", ag.replace(SMALL, producer="copy-engine")),
+    ("fused-push-graph", ag.replace(SMALL, producer="copy-engine")),  # its guard stamps the epoch on the device
     ("fused-push", ag.replace(SMALL, static=True)),  # round-robin tiles, copiers do not join
     ("fused-pull", ag.replace(SMALL, copiers=1, split_epilogue=True, block_n=32)),  # one copier joins the GEMM
 ]
@@ -87,6 +88,34 @@ def test_both_dtypes_and_uneven_chunks_at_world_2():
     for dtype in ("bf16", "fp16"):
         errors = launch(_job, 2, "fused-push", cfg, 64, 64, 48, dtype, 7, timeout_s=300)
         assert all(e < 1e-2 for rank_errors in errors for e in rank_errors)
+
+
+def _late_producer(ctx, calls=3):
+    """Rank 0's copy-engine producer runs after its GEMM (its GEMM ends as soon as rank 1's rows are in):
+    each call's guard must still stamp that call's epoch, not the one the finished GEMM published."""
+    M, N, K = 64, 32, 32
+    p, rows = ctx.world, 64 // ctx.world
+    a_full = ctx.heap.alloc((M, K), torch.bfloat16)
+    a_full.local.fill_(float("nan"))
+    a_full.local[ctx.rank * rows:(ctx.rank + 1) * rows] = torch.randn(rows, K).to(torch.bfloat16)
+    w = torch.randn(K, N // p).to(torch.bfloat16)
+    out = torch.empty(M, N // p, dtype=torch.bfloat16)
+    run = ag.make_variant(ctx, "fused-push", M, N // p, K, torch.bfloat16, ag.replace(SMALL, producer="copy-engine"),
+                          wait_s=20.0)
+    run.producer_after_gemm = ctx.rank == 0
+    errors = []
+    for _ in range(calls):  # no host barrier between calls: the flags alone keep the ranks in step
+        res = run(a_full, w, out.fill_(float("nan")))
+        run.check()
+        errors.append(ag.rel_error(res, ag.reference([a_full.peers[j][j * rows:(j + 1) * rows] for j in range(p)], w)))
+    ctx.barrier()
+    return errors
+
+
+@pytest.mark.slow
+def test_copy_engine_guard_counts_its_own_calls_when_it_runs_after_the_gemm():
+    for errors in launch(_late_producer, 2, timeout_s=120):
+        assert len(errors) == 3 and all(e < 1e-2 for e in errors), errors
 
 
 def _silent_peer(ctx, variant, producer):

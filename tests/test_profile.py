@@ -25,8 +25,12 @@ from taxes.results import load, validate
 ROOT = Path(__file__).resolve().parent.parent
 REAL = sorted((ROOT / "reports" / "profile").glob("*.json"))
 # The calibration the committed reports/profile documents were attributed with (session 4); the current
-# reports/calibration/h200-x2-calibrated.json is a later re-calibration (per-launcher host costs).
+# reports/calibration/h200-x2-calibrated.json is a later re-calibration (per-launcher host costs), with
+# which the later documents (variants timed interleaved in rounds) were attributed.
 CALIBRATED = ROOT / "reports" / "calibration" / "h200-x2-calibrated-session4.json"
+CURRENT = ROOT / "reports" / "calibration" / "h200-x2-calibrated.json"
+LATER = sorted([*(ROOT / "reports" / "ag_gemm").glob("profile_*.json"), ROOT / "reports" / "gemm_rs" / "gemm_rs_interleaved.json",
+                ROOT / "reports" / "tp_mlp" / "tp_mlp_interleaved.json"])
 
 
 # ---- attribution arithmetic on random timelines ------------------------------------------------------
@@ -101,15 +105,16 @@ needs_real = pytest.mark.skipif(not REAL, reason="no committed result documents 
 
 
 @needs_real
-@pytest.mark.parametrize("path", REAL, ids=[p.name for p in REAL])
-def test_real_documents_validate_and_their_components_redo_exactly(path):
+@pytest.mark.parametrize("path,calibration", [(p, CALIBRATED) for p in REAL] + [(p, CURRENT) for p in LATER if p.exists()],
+                         ids=[p.name for p in REAL] + [p.name for p in LATER if p.exists()])
+def test_real_documents_validate_and_their_components_redo_exactly(path, calibration):
     from taxes.cases import MODEL_OF
     from taxes.model import floor_of
     from taxes.profiling import _attribute_variant
     from taxes.workloads import make_workload
 
     doc = load(path)
-    hw = get_profile(str(CALIBRATED))
+    hw = get_profile(str(calibration))
     assert doc["metadata"]["gpu_names"] and all("H200" in g for g in doc["metadata"]["gpu_names"])
     checked = 0
     for case in doc["cases"]:
@@ -211,6 +216,36 @@ def test_emulated_profile_of_both_workloads_checks_every_variant_and_closes():
     assert not fd.phases.empty
 
 
+_CALLS = []  # the order in which the fake plain timing below was called (one list per forked rank)
+
+
+def _numbered_timing(ctx, run, input_sets, iters, warmup, label=""):
+    """Stands in for harness.time_iterations: runs the variant once, returns the call's number per sample."""
+    run(*input_sets[0])
+    _CALLS.append(label)
+    return [float(len(_CALLS) - 1)] * iters
+
+
+@pytest.mark.slow
+def test_emulated_profile_interleaves_the_variants_in_rounds(monkeypatch):
+    from taxes import harness
+    from taxes.profiling import profile
+
+    monkeypatch.setattr(harness, "time_iterations", _numbered_timing)  # the forked ranks inherit it
+    doc = profile("flash-decode", "B=1,Hq=8,Hkv=2,D=64,S=24", 2, ["bsp", "fused-push"], iters=5, warmup=0,
+                  emulate=True, config={"block_n": 16}, timeout_s=300, rounds=2).document
+    validate(doc)
+    assert doc["metadata"]["rounds"] == 2
+    samples = {v["variant"]: v["samples_us"] for v in doc["cases"][0]["variants"]}
+    # round 1 times 3 iterations of bsp, then of fused-push; round 2 two of each: calls 0 and 2 are bsp's
+    for rank in (0, 1):
+        assert samples["bsp"][rank] == [0.0] * 3 + [2.0] * 2
+        assert samples["fused-push"][rank] == [1.0] * 3 + [3.0] * 2
+    for v in doc["cases"][0]["variants"]:
+        assert v["correctness"]["passed"]
+        assert [len(r) for r in v["phased_us"]] == [5, 5]  # the instrumented iterations, per rank, too
+
+
 @pytest.mark.slow
 def test_cli_profile_writes_once_refuses_to_overwrite_and_appends_to_a_directory(tmp_path):
     args = [sys.executable, "-m", "taxes.cli.main", "profile", "flash-decode", "--emulate", "--gpus", "2",
@@ -244,6 +279,7 @@ def test_profile_without_a_gpu_says_what_to_do_instead():
     (["profile", "ag-gemm", "--emulate", "--shape", "M=100,N=64,K=32", "--gpus", "3"], "divisible"),
     (["profile", "ag-gemm", "--emulate", "--config", "block_m"], "not key=value"),
     (["profile", "ag-gemm", "--emulate", "--iters", "0"], "--iters"),
+    (["profile", "ag-gemm", "--emulate", "--rounds", "0"], "--rounds"),
 ])
 def test_bad_profile_input_is_one_line_and_exit_2(argv, needle):
     r = subprocess.run([sys.executable, "-m", "taxes.cli.main"] + argv, capture_output=True, text=True, timeout=120,
