@@ -14,9 +14,9 @@ from taxes.results import load, write_atomic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "profile"
-FIGURES = [  # (document, case index, file stem)
-    ("ag_gemm_N8192.json", 3, "ag_gemm_M8192"),
-    ("flash_decode.json", 1, "flash_decode_B1_S32K"),
+FIGURES = [  # (document, case index, file stem): session 7's documents, with host stamps on eager phases
+    ("session7/ag_gemm_N8192.json", 3, "ag_gemm_M8192"),
+    ("session7/flash_decode.json", 1, "flash_decode_B1_S32K"),
 ]
 
 
@@ -27,7 +27,8 @@ def main() -> int:
         write_atomic(OUT / f"{stem}_timeline.png", plots.timeline(case))
         write_atomic(OUT / f"{stem}_ctas.png", plots.cta_waits(case))
         write_atomic(OUT / f"{stem}_predicted.png", plots.predicted_vs_measured(case))
-    for doc in ("ag_gemm_N8192.json", "ag_gemm_N28672.json", "flash_decode.json"):
+    for doc in ("ag_gemm_N8192.json", "ag_gemm_N28672.json", "flash_decode.json", "session7/ag_gemm_N8192.json",
+                "session7/flash_decode.json"):
         write_atomic(OUT / doc.replace(".json", ".html"), render_html(load(OUT / doc)))
     return 0
 

@@ -9,6 +9,9 @@
 #                                                    # the gpu-marked tests and the fault script under torchrun
 #   bash benchmarks/gpu_session.sh tp-mlp OUT        # the tensor-parallel MLP layer's sweep
 #   bash benchmarks/gpu_session.sh flash-b1 OUT      # flash decode at batch 1: KV splits and block size trials
+#   bash benchmarks/gpu_session.sh checks OUT        # issue 5's checks: a fresh calibration, then ag-gemm
+#                                                    # N=8192 and flash decode attributed with it, and the
+#                                                    # profiler cross-check traces
 #   WORLD=8 bash benchmarks/gpu_session.sh scale-tune OUT  # on a 4/8-GPU node: quick calibration, ag-gemm tuned
 #                                                    # for WORLD (merged into kernels/), the ag-gemm sweep
 #   WORLD=8 bash benchmarks/gpu_session.sh scale-run OUT   # ... then flash decode and tp-mlp at WORLD
@@ -16,7 +19,7 @@
 # Each stage fits one 10-minute call of the device tool; every command has its own time limit and
 # writes its result document as soon as it ends; the short table comes last.
 set -u
-stage=${1:?stage: calibrate, sweeps, gemm-rs, tp-mlp, flash-b1, scale-tune or scale-run}
+stage=${1:?stage: calibrate, sweeps, gemm-rs, tp-mlp, flash-b1, checks, scale-tune or scale-run}
 OUT=${2:-${OUT:-bench-out}}
 HW=${HW:-reports/calibration/h200-x2-calibrated.json}
 CLI="python benchmarks/taxes_cli.py"
@@ -29,6 +32,25 @@ if [ "$stage" = calibrate ]; then
     exit 0
 fi
 
+if [ "$stage" = checks ]; then
+    timeout 150 python benchmarks/calibrate.py --out "$OUT/calibration" --name h200-x2-calibrated 2>&1 | tail -22
+    [ -f "$OUT/calibration/h200-x2-calibrated.json" ] && HW="$OUT/calibration/h200-x2-calibrated.json"
+    shapes=""
+    for M in 1024 2048 4096 8192 16384; do shapes="$shapes --shape M=$M,N=8192,K=8192"; done
+    timeout 150 $CLI profile ag-gemm --gpus 2 $shapes --iters 30 --warmup 5 --hardware "$HW" \
+        -o "$OUT/ag_gemm_N8192.json" --force --timeout-s 140 --format md 2>&1 | summary
+    shapes=""
+    for B in 1 4 16 64; do for S in 8192 32768 131072; do shapes="$shapes --shape B=$B,S=$S"; done; done
+    timeout 170 $CLI profile flash-decode --gpus 2 $shapes --iters 30 --warmup 5 --hardware "$HW" \
+        -o "$OUT/flash_decode.json" --force --timeout-s 160 --format md 2>&1 | summary
+    timeout 60 $CLI profile ag-gemm --gpus 2 --shape M=4096,N=8192,K=8192 --iters 10 --hardware "$HW" --trace "$OUT/traces" \
+        -o "$OUT/ag_gemm_traced.json" --force --timeout-s 50 --format md 2>&1 | summary
+    timeout 60 $CLI profile flash-decode --gpus 2 --shape B=1,S=32768 --shape B=16,S=32768 --iters 10 --hardware "$HW" \
+        --trace "$OUT/traces" -o "$OUT/flash_decode_traced.json" --force --timeout-s 50 --format md 2>&1 | summary
+    rm -rf "$OUT/traces"  # large; the documents keep the per-phase comparison
+    $CLI check "$OUT"/ag_gemm_N8192.json "$OUT"/flash_decode.json "$OUT"/*_traced.json
+    exit 0
+fi
 if [ "$stage" = gemm-rs ]; then
     # issue 8's shapes: the MLP down projection of Llama-3 8B (N=H=4096, K=F=14336) and 70B (8192, 28672)
     timeout 120 python benchmarks/gemm_rs.py --world 2 --install --shapes "${TUNE_SHAPES:-}" --out "$OUT/tune" 2>&1 | tail -12

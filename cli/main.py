@@ -375,6 +375,7 @@ def _register() -> None:
     """Commands that live in their own modules (one idea per file)."""
     from taxes.cli.analyze_cmd import analyze
     from taxes.cli.calibrate_cmd import calibrate
+    from taxes.cli.check_cmd import check_cmd
     from taxes.cli.compare_cmd import compare
     from taxes.cli.profile_cmd import profile_cmd, validate_cmd
 
@@ -383,6 +384,7 @@ def _register() -> None:
     cli.add_command(compare)
     cli.add_command(analyze)
     cli.add_command(calibrate)
+    cli.add_command(check_cmd)
 
 
 _register()

@@ -4,19 +4,28 @@ Plain arithmetic on what the harness measured (docs/method.md, ../shared/METHOD.
 iteration, then averaged over the iterations between the 10th and 90th percentile of E2E (means of
 parts that add up still add up; medians would not):
 
-bsp variants, from device events around every phase (start/end us from the iteration's start event):
-    launch            = idle before the first phase and between phases            (measured)
-    sync_wait         = per collective, its duration minus the shortest any rank saw (derived)
+bsp variants, from device events around every phase (start/end us from the iteration's start event)
+and, for eager phases, the host clock when the phase's call returned (issued_us, same origin):
+    host-bound part   = of a phase, the time before its call returned: the device had nothing of it
+                        to run yet (an NCCL collective's or a Triton launcher's host path)   (derived)
+    launch            = idle before the first phase, between phases and after the last (until
+                        the end event), plus each phase's host-bound part   (measured; derived
+                        when host-bound parts are in it)
+    sync_wait         = per collective, its duration (less its host-bound part) minus the
+                        shortest any rank saw                                        (derived)
     exposed_transfer  = the rest of the collectives, minus the link time no schedule
                         could hide (the floor's unhideable link time)              (derived)
     locality          = intermediate bytes / calibrated HBM bandwidth, taken out of the
-                        compute phases                                             (derived)
+                        compute phases, but no more than their time above the local floor
+                        max(T_compute, T_hbm): traffic under a phase running at its floor
+                        cost nothing                                                (derived)
     ideal             = the floor max(T_compute, T_link, T_hbm) from calibrated peaks (derived)
     inefficiency      = compute phases + unhideable link - locality - ideal, >= 0   (derived)
-    unattributed      = E2E - all of the above (the tail after the last phase; negative
-                        when the floor is above what was measured)                 (derived)
+    unattributed      = E2E - all of the above (negative when the floor is above what was
+                        measured)                                                   (derived)
 fused variants, from device events around each launch and the traced build's per-CTA clocks:
-    launch            = idle between phases + each traced launch's phase time outside its kernel span
+    launch            = idle as above + each traced launch's phase time outside its kernel span
+                        (+ the host-bound part of untraced eager phases)
     sync_wait         = the CTAs' mean time spinning on flags beyond the unhideable link time
     exposed_transfer  = 0 (a fused kernel has no separate transfer: waiting is the tax)
     locality, ideal, inefficiency, unattributed as above.
@@ -45,13 +54,32 @@ def trimmed_iterations(e2e_us: list[float], lo: float = 0.1, hi: float = 0.9) ->
     return [i for i, x in enumerate(e2e_us) if a <= x <= b]
 
 
-def gaps_us(phases: list[dict]) -> float:
-    """Device idle before the first phase and between phases (phases sorted by start; overlap is not idle)."""
+def gaps_us(phases: list[dict], e2e_us: float | None = None) -> float:
+    """Device idle before the first phase and between phases (phases sorted by start; overlap is not idle),
+    and with e2e_us after the last phase until the iteration's end event (a graph's exit, the host's
+    last call): the device had nothing queued there either."""
     t, idle = 0.0, 0.0
     for ph in sorted(phases, key=lambda p: p["start_us"]):
         idle += max(0.0, ph["start_us"] - t)
         t = max(t, ph["end_us"])
+    if e2e_us is not None:
+        idle += max(0.0, e2e_us - t)
     return idle
+
+
+def host_bound_us(ph: dict) -> float:
+    """The part of a phase before its call returned on the host (0 without a host stamp: graphs, older
+    documents): the device reached the phase's start event but had none of its work queued yet."""
+    issued = ph.get("issued_us")
+    if issued is None:
+        return 0.0
+    return min(max(0.0, issued - ph["start_us"]), max(0.0, ph["end_us"] - ph["start_us"]))
+
+
+def capped_locality_us(locality_us: float, compute_us: float, floor: Floor) -> float:
+    """The locality tax charged to compute phases that ran compute_us: at most their time above the
+    local floor (a phase at its floor hid the intermediate traffic under its own work)."""
+    return min(locality_us, max(0.0, compute_us - floor.work_us))
 
 
 def _close(parts: dict, e2e: float, floor: Floor, compute_us: float, unhideable_us: float) -> dict:
@@ -65,9 +93,13 @@ def _close(parts: dict, e2e: float, floor: Floor, compute_us: float, unhideable_
 def bsp_iteration(ranks: list[dict], floor: Floor, locality_us: float) -> list[dict]:
     """One iteration of a bsp variant on every rank -> per rank {component: us}.
 
-    ranks[r] = {"e2e_us", "phases": [{"name", "role", "start_us", "end_us"}]}, phases in issue order and
-    the same sequence on every rank (the j-th communication phase is the same collective everywhere)."""
-    comm_durs = [[ph["end_us"] - ph["start_us"] for ph in r["phases"] if ph["role"] != "compute"] for r in ranks]
+    ranks[r] = {"e2e_us", "phases": [{"name", "role", "start_us", "end_us", "issued_us" (optional)}]},
+    phases in issue order and the same sequence on every rank (the j-th communication phase is the same
+    collective everywhere)."""
+    def busy(ph):
+        return ph["end_us"] - ph["start_us"] - host_bound_us(ph)
+
+    comm_durs = [[busy(ph) for ph in r["phases"] if ph["role"] != "compute"] for r in ranks]
     n_comm = min(len(c) for c in comm_durs) if comm_durs else 0
     fastest = [min(c[j] for c in comm_durs) for j in range(n_comm)]
     out = []
@@ -75,10 +107,10 @@ def bsp_iteration(ranks: list[dict], floor: Floor, locality_us: float) -> list[d
         comm = math.fsum(durs)
         sync = math.fsum(max(0.0, d - f) for d, f in zip(durs, fastest))
         unhideable = min(floor.unhideable_link_us, comm - sync)
-        compute = math.fsum(ph["end_us"] - ph["start_us"] for ph in r["phases"] if ph["role"] == "compute")
-        loc = min(locality_us, compute)
-        parts = {"launch": gaps_us(r["phases"]), "sync_wait": sync, "exposed_transfer": comm - sync - unhideable,
-                 "locality": loc}
+        compute = math.fsum(busy(ph) for ph in r["phases"] if ph["role"] == "compute")
+        loc = capped_locality_us(locality_us, compute, floor)
+        launch = gaps_us(r["phases"], r["e2e_us"]) + math.fsum(host_bound_us(ph) for ph in r["phases"])
+        parts = {"launch": launch, "sync_wait": sync, "exposed_transfer": comm - sync - unhideable, "locality": loc}
         out.append(_close(parts, r["e2e_us"], floor, compute - loc, unhideable))
     return out
 
@@ -89,7 +121,7 @@ def fused_iteration(rank: dict, floor: Floor, locality_us: float) -> dict:
     rank = {"e2e_us", "phases": [...], "traced": {phase name: {"span_us", "wait_us"}}}: for each traced
     phase, its kernel's span (first CTA start to last CTA end) and the CTAs' mean time spent waiting."""
     phases, traced = rank["phases"], rank.get("traced", {})
-    launch = gaps_us(phases)
+    launch = gaps_us(phases, rank["e2e_us"])
     wait = 0.0
     busy = 0.0
     for ph in phases:
@@ -101,10 +133,12 @@ def fused_iteration(rank: dict, floor: Floor, locality_us: float) -> dict:
             wait += min(tr["wait_us"], span)
             busy += span
         else:
-            busy += dur
+            host = host_bound_us(ph)
+            launch += host
+            busy += dur - host
     unhideable = min(floor.unhideable_link_us, wait)
     compute = busy - wait
-    loc = min(locality_us, compute)
+    loc = capped_locality_us(locality_us, compute, floor)
     parts = {"launch": launch, "sync_wait": wait - unhideable, "exposed_transfer": 0.0, "locality": loc}
     return _close(parts, rank["e2e_us"], floor, compute - loc, unhideable)
 
@@ -128,16 +162,19 @@ def attribute(iterations: list[list[dict]], fused: bool, floor: Floor, locality_
     per_rank = [mean_components([s[r] for s in split], list(keep)) for r in range(n_ranks)]
     e2e = [math.fsum(iterations[i][r]["e2e_us"] for i in keep) / len(keep) for r in range(n_ranks)]
     slowest = max(range(n_ranks), key=lambda r: e2e[r])
-    return {"per_rank": per_rank, "e2e_us": e2e, "overall_rank": slowest, "kept": sorted(keep)}
+    host = any(ph.get("issued_us") is not None for it in iterations for rk in it for ph in rk["phases"])
+    return {"per_rank": per_rank, "e2e_us": e2e, "overall_rank": slowest, "kept": sorted(keep), "host_bound": host}
 
 
 def component_entries(result: dict) -> list[dict]:
-    """The result document's `components` list: per rank, then overall (rank null)."""
+    """The result document's `components` list: per rank, then overall (rank null). The launch tax is
+    measured (device idle between events) unless host-bound parts of phases are in it: then derived."""
+    labels = dict(LABELS, launch="derived") if result.get("host_bound") else LABELS
     rows = []
     for r, comp in enumerate(result["per_rank"]):
-        rows += [{"name": c, "rank": r, "value_us": comp[c], "label": LABELS[c]} for c in COMPONENTS]
+        rows += [{"name": c, "rank": r, "value_us": comp[c], "label": labels[c]} for c in COMPONENTS]
     overall = result["per_rank"][result["overall_rank"]]
-    rows += [{"name": c, "rank": None, "value_us": overall[c], "label": LABELS[c]} for c in COMPONENTS]
+    rows += [{"name": c, "rank": None, "value_us": overall[c], "label": labels[c]} for c in COMPONENTS]
     return rows
 
 

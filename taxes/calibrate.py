@@ -6,9 +6,11 @@ and figures into a HardwareProfile. Only the measuring needs GPUs; everything af
 with synthetic readings, and the Triton kernels run under the interpreter too.
 
 What is measured (every time in us, every rate per second, medians of repeated readings):
-- matmul: torch.matmul 8192^3 in bf16 and fp16; our persistent Triton GEMM (kernels/ag_gemm.py) at the
-  same shape, checked against torch first.
-- hbm: a 1 GiB device-to-device copy; bytes read + written.
+- matmul: torch.matmul 8192^3 in bf16 and fp16, and in bf16 at three more shapes like the workloads'
+  per-rank GEMMs (MATMUL_SHAPES: a rate can differ by shape, more so at the power limit); our persistent
+  Triton GEMM (kernels/ag_gemm.py) at 8192^3, checked against torch first.
+- hbm: a 1 GiB device-to-device copy (bytes read + written), and a Triton kernel that only reads 1 GiB
+  (hbm_read_kernel, a few grid and block sizes; its sums checked exactly).
 - launch: host time of back-to-back eager launches (an empty Triton kernel, a tiny torch op, and from the
   nccl figure a small collective); the device time per empty kernel when the host is ahead (the queue
   pre-filled behind a sleep kernel) and inside a replayed CUDA graph.
@@ -24,7 +26,8 @@ What is measured (every time in us, every rate per second, medians of repeated r
   offsets. Also the spread of a tiny all-reduce's duration across ranks (no clocks needed): the fallback.
 
 Peaks (docs/model.md, METHOD.md): by default a calibrated profile's peaks are the highest rate any method
-reached on this machine (matrix: max of cuBLAS and our GEMM; HBM: the copy; peer link: max of copy
+reached on this machine (matrix: max of cuBLAS at every shape measured and our GEMM; HBM: max of the copy
+and the read; peer link: max of copy
 engine, Triton stores and loads, NCCL at world 2) and each efficiency is its method's rate over that
 peak. `peaks="datasheet"` keeps the base profile's peaks and makes the efficiencies fractions of those.
 Either way efficiency x peak is the measured rate, which is all the model's times depend on; only the
@@ -284,6 +287,18 @@ def _derive_matmul(rs):
                                                   f"torch.matmul {dt} TFLOP/s")
     if "torch_bf16_tflops" not in out:
         raise CalibrationError("matmul: no bf16 reading")
+    best, where = out["torch_bf16_tflops"], f"{rs[0].get('n', '?')}^3"
+    n_shapes = min(len(r.get("bf16_shapes") or []) for r in rs)
+    for j in range(n_shapes):
+        sh = rs[0]["bf16_shapes"][j]
+        times = [x for r in rs for x in (r["bf16_shapes"][j].get("us") or [])]
+        if not times:
+            continue
+        rate = plausible(sh["flops"] / median_reading(times, f"torch.matmul bf16 {sh['m']}x{sh['n']}x{sh['k']}") / 1e6,
+                         1, 1e5, "torch.matmul bf16 TFLOP/s")
+        if rate > best:
+            best, where = rate, f"{sh['m']}x{sh['n']}x{sh['k']}"
+    out["torch_bf16_best_tflops"], out["torch_bf16_best_shape"] = best, where
     return out
 
 
@@ -299,8 +314,22 @@ def _derive_triton_gemm(rs):
 
 def _derive_hbm(rs):
     moved = rs[0]["bytes_moved"]
-    return {"hbm_copy_gbps": plausible(moved / median_reading(_pool(rs, "us"), "HBM copy") / 1e3, 10, 1e5,
-                                       "HBM copy GB/s")}
+    out = {"hbm_copy_gbps": plausible(moved / median_reading(_pool(rs, "us"), "HBM copy") / 1e3, 10, 1e5,
+                                      "HBM copy GB/s")}
+    # the read: the best configuration's median over ranks (older readings have none)
+    best = None
+    n_cfg = min(len(r.get("read") or []) for r in rs)
+    for j in range(n_cfg):
+        if not all(r["read"][j].get("checked") for r in rs):
+            raise CalibrationError(f"HBM read: the read kernel's sums were wrong ({rs[0]['read'][j].get('config')})")
+        times = [x for r in rs for x in (r["read"][j].get("us") or [])]
+        if times:
+            rate = plausible(rs[0]["read"][j]["bytes"] / median_reading(times, "HBM read") / 1e3, 10, 1e5, "HBM read GB/s")
+            if best is None or rate > best[0]:
+                best = (rate, rs[0]["read"][j]["config"])
+    if best:
+        out["hbm_read_gbps"], out["hbm_read_config"] = best
+    return out
 
 
 def _derive_launch(rs, nccl_rs):
@@ -531,7 +560,8 @@ def assemble_profile(ranks: list[dict], base: HardwareProfile, meta: dict, *, na
     b16, f16, tri = (fig.get(k) for k in ("torch_bf16_tflops", "torch_fp16_tflops", "triton_bf16_tflops"))
     base_b16 = base.matrix_tflops.get("bf16")
     if b16 and peaks == "measured":
-        peak = max(b16, tri or 0)
+        best_b16 = max(b16, fig.get("torch_bf16_best_tflops") or 0)
+        peak = max(best_b16, tri or 0)
         tf = {}
         for dt, old in base.matrix_tflops.items():
             if dt == "bf16":
@@ -542,7 +572,9 @@ def assemble_profile(ranks: list[dict], base: HardwareProfile, meta: dict, *, na
                 tf[dt] = old * peak / base_b16 if base_b16 else old
                 notes.append(f"matrix_tflops[{dt}]: not measured; scaled from bf16 by the base profile's ratio")
         tf.setdefault("bf16", peak)
-        measured("matrix_tflops", tf, "max of torch.matmul and our Triton GEMM, 8192^3" + (", fp16 torch.matmul" if f16 else ""))
+        best_at = fig.get("torch_bf16_best_shape", "8192^3")
+        measured("matrix_tflops", tf, f"max of torch.matmul over its shapes (best {best_at}) and our Triton GEMM 8192^3"
+                 + (", fp16 torch.matmul" if f16 else ""))
     else:
         kept("matrix_tflops", "datasheet peaks requested" if b16 else why("matmul"))
     peak_b16 = v["matrix_tflops"].get("bf16") or base_b16
@@ -561,7 +593,11 @@ def assemble_profile(ranks: list[dict], base: HardwareProfile, meta: dict, *, na
     # -- HBM
     hbm = fig.get("hbm_copy_gbps")
     if hbm and peaks == "measured":
-        measured("hbm_gbps", hbm, "1 GiB device copy, read + write")
+        read = fig.get("hbm_read_gbps") or 0
+        if read > hbm:
+            measured("hbm_gbps", read, f"1 GiB read by a Triton kernel ({fig.get('hbm_read_config')}), above the copy's {hbm:.0f}")
+        else:
+            measured("hbm_gbps", hbm, "1 GiB device copy, read + write" + (f" (the read reached {read:.0f})" if read else ""))
     else:
         kept("hbm_gbps", "datasheet peaks requested" if hbm else why("hbm"))
     if hbm:
@@ -974,7 +1010,44 @@ def measure_hbm(ctx, plan: Plan, cycles_per_us: float) -> dict:
     times, ahead = device_calls_us(lambda: dst.copy_(src), plan.reps, cycles_per_us)
     if not torch.equal(dst, src):
         raise RuntimeError("the device copy did not copy")
-    return {"bytes_moved": 2 * plan.copy_bytes, "us": times, "host_ahead": ahead}
+    dst = None  # free the copy's 1 GiB before the reads
+    src.random_(0, 16)  # small values: the read kernel's int32 sums cannot overflow, so they check exactly
+    read = [hbm_read(src, grid_per_sm, block, plan, cycles_per_us) for grid_per_sm, block in READ_CONFIGS]
+    return {"bytes_moved": 2 * plan.copy_bytes, "us": times, "host_ahead": ahead, "read": read}
+
+
+# Grid (programs per SM) and block (int32 per load) of the HBM read: the best one's rate counts.
+READ_CONFIGS = ((2, 8192), (4, 4096), (8, 2048))
+
+
+@triton.jit
+def hbm_read_kernel(x_ptr, sums_ptr, n, BLOCK: tl.constexpr):
+    """Each program strides over the blocks of x (int32) and stores its sum: every byte read once, one
+    word written per program. The sums are what makes the reads real (and checkable)."""
+    pid, progs = tl.program_id(0), tl.num_programs(0)
+    acc = tl.zeros((BLOCK,), dtype=tl.int32)
+    for b in range(pid, tl.cdiv(n, BLOCK), progs):
+        offs = b * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0)
+    tl.store(sums_ptr + pid, tl.sum(acc, axis=0))
+
+
+def hbm_read(x, grid_per_sm: int, block: int, plan: Plan, cycles_per_us: float) -> dict:
+    """Time hbm_read_kernel over x (int32 values in [0, 16)); its sums checked against torch's."""
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 2
+    grid = sms * grid_per_sm
+    sums = torch.empty(grid, dtype=torch.int32, device=x.device)
+
+    def run():
+        hbm_read_kernel[(grid,)](x, sums, x.numel(), BLOCK=block, num_warps=8)
+
+    run()
+    checked = int(sums.sum(dtype=torch.int64)) == int(x.sum(dtype=torch.int64))
+    for _ in range(plan.warmup):
+        run()
+    times = device_calls_us(run, plan.reps, cycles_per_us)[0] if x.is_cuda else []
+    return {"config": f"{grid_per_sm} programs per SM, block {block}", "bytes": x.numel() * 4, "us": times,
+            "checked": checked}
 
 
 def _matmul_inputs(n: int, dtype, device, seed: int):
@@ -984,11 +1057,27 @@ def _matmul_inputs(n: int, dtype, device, seed: int):
     return a, w, torch.empty(n, n, dtype=dtype, device=device)
 
 
+def matmul_shapes(n: int) -> list[tuple[int, int, int]]:
+    """(M, N, K) of the extra bf16 readings, relative to the plan's n: at 8192 they are the per-rank GEMMs
+    of ag-gemm at M = 8192 and 16384 on 2 GPUs (N/p = 4096) and a wide one."""
+    return [(n, n // 2, n), (2 * n, n // 2, n), (n // 2, n, n)]
+
+
 def measure_matmul(ctx, plan: Plan, cycles_per_us: float) -> dict:
     n = plan.matmul_n
     out = {"n": n, "flops": 2 * n ** 3}
     for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
         out[f"torch_{name}_us"] = _time_torch_matmul(n, dtype, ctx, plan, cycles_per_us)
+    out["bf16_shapes"] = []
+    for m, nn, k in matmul_shapes(n):
+        g = torch.Generator(device=ctx.device).manual_seed(11 + ctx.rank)
+        a = torch.randn(m, k, generator=g, device=ctx.device).to(torch.bfloat16)
+        w = (torch.randn(k, nn, generator=g, device=ctx.device) / k ** 0.5).to(torch.bfloat16)
+        c = torch.empty(m, nn, dtype=torch.bfloat16, device=ctx.device)
+        for _ in range(plan.warmup):
+            torch.matmul(a, w, out=c)
+        us = device_calls_us(lambda: torch.matmul(a, w, out=c), plan.matmul_reps, cycles_per_us)[0]
+        out["bf16_shapes"].append({"m": m, "n": nn, "k": k, "flops": 2 * m * nn * k, "us": us})
     return out
 
 

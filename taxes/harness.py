@@ -114,7 +114,11 @@ def time_phases(ctx, phases_of, input_sets: list, iters: int, warmup: int, label
 
     phases_of(*inputs) -> [(name, role, thunk)]; running the thunks in order is one call of the variant.
     Returns this rank's iterations: {"e2e_us", "phases": [{"name", "role", "start_us", "end_us"}]} with
-    times from the iteration's start event; after(record) may add to each record (e.g. a kernel trace)."""
+    times from the iteration's start event; after(record) may add to each record (e.g. a kernel trace).
+    Eager phases on a GPU also get issued_us: the host clock when the phase's call returned, from just
+    after the start event's record (the device was idle then, after the barrier, so both clocks start
+    together up to the submission latency, which the phases' own launches share). The device cannot
+    have run the phase's last launch before it (taxes.attribution.host_bound_us)."""
     on_gpu = ctx.device.type == "cuda"
     clock = _DeviceClock if on_gpu else _HostClock
     graphs: dict[int, tuple] = {}
@@ -143,8 +147,10 @@ def time_phases(ctx, phases_of, input_sets: list, iters: int, warmup: int, label
         if on_gpu:
             torch.cuda.synchronize()
         ctx.barrier()
+        issued = []
         with nvtx(f"{label} iter {i}", on_gpu):
             start.record()
+            h0 = time.perf_counter()
             if graph and on_gpu:
                 g.replay()
             else:
@@ -152,6 +158,7 @@ def time_phases(ctx, phases_of, input_sets: list, iters: int, warmup: int, label
                     with nvtx(name, on_gpu), _annotate(f"taxes:{label}:{name}:{i}", annotate):
                         a.record()
                         thunk()
+                        issued.append((time.perf_counter() - h0) * 1e6)
                         b.record()
             end.record()
         if on_gpu:
@@ -159,6 +166,9 @@ def time_phases(ctx, phases_of, input_sets: list, iters: int, warmup: int, label
         rec = {"e2e_us": start.elapsed_us(end),
                "phases": [{"name": name, "role": role, "start_us": start.elapsed_us(a), "end_us": start.elapsed_us(b)}
                           for (name, role, _), (a, b) in zip(steps, marks)]}
+        if issued and on_gpu:  # on emulated ranks the host clock is the phase clock: nothing to align
+            for ph, t in zip(rec["phases"], issued):
+                ph["issued_us"] = t
         if after is not None:
             after(rec)
         if i >= warmup:

@@ -225,8 +225,9 @@ def _record_trace(ctx, job: Job, case, w) -> dict | None:
 
 
 def profiler_check(trace: dict, events: dict) -> dict:
-    """Per variant and phase: median phase duration from our device events and the median span of the
-    kernels CUPTI recorded for the same phase (kernels launched inside its record_function range), in us."""
+    """Per variant and phase: median phase duration from our device events, the same less its host-bound
+    part (events_busy_us: the device's time on the phase's work), and the median span of the kernels CUPTI
+    recorded for the same phase (kernels launched inside its record_function range), in us."""
     evs = trace.get("traceEvents", [])
     kernels = {e["args"]["correlation"]: e for e in evs if e.get("cat") == "kernel" and "correlation" in e.get("args", {})}
     launches = [e for e in evs if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})]
@@ -243,13 +244,16 @@ def profiler_check(trace: dict, events: dict) -> dict:
         if not ks:
             continue
         span = max(k["ts"] + k["dur"] for k in ks) - min(k["ts"] for k in ks)
-        out.setdefault(variant, {}).setdefault(phase, {"cupti_us": [], "events_us": []})["cupti_us"].append(span)
+        out.setdefault(variant, {}).setdefault(phase, {"cupti_us": [], "events_us": [], "busy_us": []})["cupti_us"].append(span)
     for variant, recs in events.items():
         for rec in recs:
             for ph in rec["phases"]:
                 if ph["name"] in out.get(variant, {}):
-                    out[variant][ph["name"]]["events_us"].append(ph["end_us"] - ph["start_us"])
-    return {v: {ph: {"cupti_us": statistics.median(d["cupti_us"]), "events_us": statistics.median(d["events_us"])}
+                    d = out[variant][ph["name"]]
+                    d["events_us"].append(ph["end_us"] - ph["start_us"])
+                    d["busy_us"].append(ph["end_us"] - ph["start_us"] - attribution.host_bound_us(ph))
+    return {v: {ph: {"cupti_us": statistics.median(d["cupti_us"]), "events_us": statistics.median(d["events_us"]),
+                     "events_busy_us": statistics.median(d["busy_us"])}
                 for ph, d in phases.items() if d["cupti_us"] and d["events_us"]} for v, phases in out.items()}
 
 
@@ -310,11 +314,25 @@ def _case_document(results: list[dict], job: Job, hw: HardwareProfile) -> dict:
     checks = [r["trace"]["check"] for r in results if r.get("trace")]
     if checks:  # per rank: {variant: {phase: {cupti_us, events_us}}}
         case["extra"]["profiler_check"] = checks
-    timeline_gaps = {v["variant"]: v.get("attribution", {}).get("launch_us") for v in variants}
-    base = timeline_gaps.get("bsp", timeline_gaps.get("all-bsp"))
-    if "launch_us" in case["extra"]["ladder"] and base is not None:
-        case["extra"]["ladder"]["bsp_timeline_launch_us"] = base
+    _ladder_timeline(case)
     return case
+
+
+def _ladder_timeline(case: dict) -> None:
+    """Beside the ladder's launch tax (plain E2E medians): the same from the instrumented runs, and the
+    timeline's, launch(bsp) - launch(bsp-graph), the graph's residual gaps being what it cannot remove."""
+    lad = case["extra"].setdefault("ladder", {})
+    for k in ("bsp_timeline_launch_us", "graph_timeline_launch_us", "launch_instrumented_us"):
+        lad.pop(k, None)
+    att = {v["variant"]: v.get("attribution") or {} for v in case["variants"]}
+    for bsp, graph in (("bsp", "bsp-graph"), ("all-bsp", "all-graph")):
+        b, g = att.get(bsp, {}), att.get(graph, {})
+        if "launch_us" in lad and b.get("launch_us") is not None:
+            lad["bsp_timeline_launch_us"] = b["launch_us"]
+            if g.get("launch_us") is not None:
+                lad["graph_timeline_launch_us"] = g["launch_us"]
+            if b.get("instrumented_e2e_us") is not None and g.get("instrumented_e2e_us") is not None:
+                lad["launch_instrumented_us"] = b["instrumented_e2e_us"] - g["instrumented_e2e_us"]
 
 
 def _predict_into(entry: dict, w, fl, hw: HardwareProfile) -> None:
@@ -350,6 +368,8 @@ def reattribute(doc: dict, hw: HardwareProfile) -> dict:
                 if cta:
                     entry["cta_timeline"] = cta
             _predict_into(entry, w, fl, hw)
+        if case.get("extra"):
+            _ladder_timeline(case)
     out["metadata"]["hardware_profile"] = hw.name
     out["metadata"]["attributed_with"] = {"profile": hw.name, "source": hw.source}
     return out
@@ -370,11 +390,13 @@ def _attribute_variant(name, phased, w, fl, hw, model_of) -> dict:
         for k, (pname, role) in enumerate(names):
             st = statistics.fmean(phased[r][i]["phases"][k]["start_us"] for i in keep)
             en = statistics.fmean(phased[r][i]["phases"][k]["end_us"] for i in keep)
+            host = statistics.fmean(attribution.host_bound_us(phased[r][i]["phases"][k]) for i in keep)
             phases.append({"rank": r, "name": pname, "role": role if role in ("compute", "communication") else "compute",
-                           "start_us": st, "end_us": max(st, en), "label": "measured"})
+                           "start_us": st, "end_us": max(st, en), "label": "measured", "host_bound_us": host})
     for r in range(len(phased)):
         traced_names = set(phased[r][0].get("traced", {}))
-        _shade_phases([ph for ph in phases if ph["rank"] == r], res["per_rank"][r], fl, fused, traced_names)
+        _shade_phases([ph for ph in phases if ph["rank"] == r], res["per_rank"][r], fl, fused, traced_names,
+                      e2e_us=res["e2e_us"][r])
     instrumented = [max(it[r]["e2e_us"] for r in range(len(it))) for it in iterations]
     out = {"phases": phases, "components": attribution.component_entries(res),
            "attribution": {"instrumented_e2e_us": _median(instrumented),
@@ -393,12 +415,14 @@ def _attribute_variant(name, phased, w, fl, hw, model_of) -> dict:
     return out
 
 
-def _shade_phases(phases: list[dict], comp: dict, fl, fused: bool, traced_names: set = frozenset()) -> None:
-    """Give each phase `parts` (derived): a rank's components spread over the phases of the role that
-    holds them, in proportion to duration; communication phases hold the bulk-synchronous tax and the
-    unhideable link time, compute phases the rest (and, fused, the waiting). Any mismatch with the
-    phase's duration is its unattributed part."""
-    dur = {id(ph): ph["end_us"] - ph["start_us"] for ph in phases}
+def _shade_phases(phases: list[dict], comp: dict, fl, fused: bool, traced_names: set = frozenset(),
+                  e2e_us: float | None = None) -> None:
+    """Give each phase `parts` (derived): its host-bound part is launch tax; a rank's other components
+    are spread over the phases of the role that holds them, in proportion to the rest of their duration;
+    communication phases hold the bulk-synchronous tax and the unhideable link time, compute phases the
+    rest (and, fused, the waiting). Any mismatch with the phase's duration is its unattributed part."""
+    host = {id(ph): min(ph.get("host_bound_us", 0.0), ph["end_us"] - ph["start_us"]) for ph in phases}
+    dur = {id(ph): ph["end_us"] - ph["start_us"] - host[id(ph)] for ph in phases}
     comm = [ph for ph in phases if ph["role"] == "communication"]
     work = [ph for ph in phases if ph["role"] != "communication"]
     comm_total = sum(dur[id(ph)] for ph in comm)
@@ -410,12 +434,12 @@ def _shade_phases(phases: list[dict], comp: dict, fl, fused: bool, traced_names:
                                  "inefficiency": comp["inefficiency"]})]
     if fused:  # waiting and the launch inside a phase belong to the traced kernels; the rest to all phases
         traced = [ph for ph in phases if ph["name"] in traced_names]
-        in_phase_launch = max(0.0, comp["launch"] - attribution.gaps_us(phases))
+        in_phase_launch = max(0.0, comp["launch"] - attribution.gaps_us(phases, e2e_us) - sum(host.values()))
         pools = [(traced, sum(dur[id(ph)] for ph in traced), {"sync_wait": comp["sync_wait"], "launch": in_phase_launch}),
                  (phases, comm_total + work_total, {"locality": comp["locality"], "ideal": comp["ideal"],
                                                     "inefficiency": comp["inefficiency"]})]
     for ph in phases:
-        ph["parts"] = {}
+        ph["parts"] = {"launch": host[id(ph)]} if host[id(ph)] > 0 else {}
     for group, total, parts in pools:
         for ph in group:
             share = dur[id(ph)] / total if total > 0 else 0.0
@@ -423,7 +447,7 @@ def _shade_phases(phases: list[dict], comp: dict, fl, fused: bool, traced_names:
                 if v * share > 0:
                     ph["parts"][k] = ph["parts"].get(k, 0.0) + v * share
     for ph in phases:
-        ph["parts"]["unattributed"] = dur[id(ph)] - sum(ph["parts"].values())
+        ph["parts"]["unattributed"] = ph["end_us"] - ph["start_us"] - sum(ph["parts"].values())
 
 
 # ---- running --------------------------------------------------------------------------------------

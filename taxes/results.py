@@ -11,7 +11,7 @@ A versioned JSON document:
                               "samples_us": [[rank 0 per-iteration times], [rank 1 ...], ...],
                               "e2e_us": {"median", "p10", "p90", "n", "label"},
                               "phases": [{"rank", "name", "role", "start_us", "end_us", "label",
-                                          "parts": {component: us}}],
+                                          "host_bound_us" (optional), "parts": {component: us}}],
                               "components": [{"name", "rank" (null: overall), "value_us", "label"}]}]}]}
 
 Every number carries a label: measured (read off a clock), derived (a measured time split by a
@@ -314,6 +314,8 @@ def _validate_variant(var, origin, w):
         _number(ph["end_us"], origin, f"{p}.end_us")
         if ph["end_us"] < ph["start_us"]:
             _fail(origin, p, "ends before it starts")
+        if "host_bound_us" in ph:
+            _number(ph["host_bound_us"], origin, f"{p}.host_bound_us")
         for c, v in _obj(ph.get("parts", {}), origin, f"{p}.parts").items():
             _number(v, origin, f"{p}.parts.{c}")
     for k, comp in enumerate(_list(var["components"], origin, f"{w}.components")):

@@ -254,6 +254,63 @@ def test_profile_from_synthetic_readings_matches_the_machine_and_loads():
     assert profile_from_dict(json.loads(json.dumps(profile_to_dict(prof), allow_nan=False))) == prof
 
 
+def _with_shapes_and_read(ranks, rng, shape_tflops: list[float], read_gbps: list[float], checked: bool = True):
+    """Add the extra matmul shapes and the HBM read configurations to synthetic readings."""
+    for r in ranks:
+        m = r["figures"]["matmul"]
+        m["bf16_shapes"] = [{"m": a, "n": b, "k": c, "flops": 2 * a * b * c,
+                             "us": _noisy(rng, 2 * a * b * c / (tf * 1e6), 7)}
+                            for (a, b, c), tf in zip(cal.matmul_shapes(8192), shape_tflops)]
+        r["figures"]["hbm"]["read"] = [{"config": f"cfg{j}", "bytes": 1 << 30, "checked": checked,
+                                        "us": _noisy(rng, (1 << 30) / (g * 1e3), 7)} for j, g in enumerate(read_gbps)]
+    return ranks
+
+
+def test_peaks_are_the_best_shape_and_the_best_of_copy_and_read_and_the_model_keeps_the_measured_rates():
+    rng = random.Random(5)
+    t = TRUTH
+    ranks = _with_shapes_and_read(synthetic_ranks(rng), rng, [800.0, 795.0, 760.0], [4500.0, 4650.0, 4400.0])
+    prof, raw = assemble(ranks)
+    # the floor's peaks: the best any method or shape reached
+    assert prof.matrix_tflops["bf16"] == pytest.approx(800.0, rel=0.02)
+    assert raw["figures"]["torch_bf16_best_shape"] == "8192x4096x8192"
+    assert prof.hbm_gbps == pytest.approx(4650.0, rel=0.02) and raw["figures"]["hbm_read_config"] == "cfg1"
+    assert "Triton kernel" in raw["fields"]["hbm_gbps"]
+    # the model's rates: still the 8192^3 GEMM and the copy (efficiency x peak)
+    assert prof.matrix_tflops["bf16"] * prof.matmul_efficiency == pytest.approx(t["torch_bf16_tflops"], rel=0.02)
+    assert prof.hbm_gbps * prof.hbm_efficiency == pytest.approx(t["hbm_gbps"], rel=0.02)
+    assert prof.matmul_efficiency < 1 and prof.hbm_efficiency < 1
+    # slower shapes and reads than the square GEMM and the copy leave the peaks where they were
+    ranks = _with_shapes_and_read(synthetic_ranks(random.Random(6)), rng, [700.0] * 3, [4000.0] * 3)
+    prof, raw = assemble(ranks)
+    assert prof.matrix_tflops["bf16"] == pytest.approx(t["torch_bf16_tflops"], rel=0.02)
+    assert prof.hbm_gbps == pytest.approx(t["hbm_gbps"], rel=0.02) and "the read reached" in raw["fields"]["hbm_gbps"]
+    # a read whose sums were wrong is no reading: the HBM figure fails and the base profile's is kept
+    ranks = _with_shapes_and_read(synthetic_ranks(random.Random(7)), rng, [700.0] * 3, [9000.0] * 3, checked=False)
+    prof, raw = assemble(ranks)
+    assert "sums were wrong" in raw["failed"]["hbm"] and prof.hbm_gbps == H200.hbm_gbps
+
+
+def test_hbm_read_kernel_sums_every_element_once_under_the_interpreter():
+    import torch
+
+    from taxes.kernels.runtime import interpreting
+
+    if not interpreting():
+        pytest.skip("triton was imported before TRITON_INTERPRET was set")
+    for n in (1, 1000, 3 * 512 + 7):
+        x = torch.randint(0, 16, (n,), dtype=torch.int32)
+        got = cal.hbm_read(x, 2, 128, TINY, 1.0)
+        assert got["checked"] and got["bytes"] == 4 * n and got["us"] == []
+    # each program's sum is exactly its strided blocks (a skipped or repeated block would show here)
+    sums = torch.full((4,), -1, dtype=torch.int32)
+    x = torch.randint(0, 16, (1000,), dtype=torch.int32)
+    cal.hbm_read_kernel[(4,)](x, sums, 1000, BLOCK=64)
+    blocks = x.split(64)
+    want = [sum(int(b.sum()) for b in blocks[p::4]) for p in range(4)]
+    assert sums.tolist() == want
+
+
 @given(seed=st.integers(0, 10_000), scale=st.floats(0.2, 3), world=st.integers(1, 4))
 def test_every_field_in_range_for_any_plausible_machine(seed, scale, world):
     rng = random.Random(seed)

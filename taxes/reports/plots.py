@@ -96,7 +96,7 @@ def timeline(case: dict) -> bytes:
     ax.set_title(f"timeline: {case_title(case)}", fontsize=9)
     handles = [Patch(facecolor=COLORS[c], label=COMPONENT_TITLES[c]) for c in COMPONENTS if c not in ("launch",)]
     handles.append(Patch(facecolor="white", edgecolor=COLORS["launch"], hatch="////", label="idle: kernel-launch tax"))
-    handles.append(Patch(facecolor=COLORS["launch"], label="launch inside a fused phase (traced)"))
+    handles.append(Patch(facecolor=COLORS["launch"], label="launch inside a phase (host-bound, or traced)"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _png(fig)
 

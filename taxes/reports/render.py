@@ -113,11 +113,30 @@ def ladder_rows(case: dict) -> tuple[list[str], list[list[str]]] | None:
     if "launch_us" not in lad:
         return None
     rows = [["launch tax: E2E(bsp) - E2E(bsp-graph) (derived)", _fmt(lad["launch_us"])]]
+    if lad.get("launch_instrumented_us") is not None:
+        rows.append(["the same, instrumented runs (derived)", _fmt(lad["launch_instrumented_us"])])
     if lad.get("bsp_timeline_launch_us") is not None:
-        rows.append(["launch tax: bsp idle between phases (measured)", _fmt(lad["bsp_timeline_launch_us"])])
+        rows.append(["launch tax: bsp timeline, idle + host-bound parts of phases", _fmt(lad["bsp_timeline_launch_us"])])
+    if lad.get("graph_timeline_launch_us") is not None:
+        rows.append(["launch tax: bsp-graph timeline (what a graph cannot remove)", _fmt(lad["graph_timeline_launch_us"])])
     if "bsync_and_locality_us" in lad:
         rows.append([f"E2E(bsp-graph) - E2E({lad['best_fused']}) (derived)", _fmt(lad["bsync_and_locality_us"])])
     return ["ablation ladder", "us"], rows
+
+
+def checks_rows(doc: dict) -> tuple[list[str], list[list[str]]] | None:
+    """The method's checks (taxes/checks.py) over the whole document: one row per check."""
+    if doc["metadata"].get("kind") != "profile":
+        return None
+    from taxes.checks import checks_frame, checks_summary
+
+    frame = checks_frame(doc)
+    if frame.empty:
+        return None
+    rows = [[r.check, f"{100 * r.limit:.0f}%", f"{r.ok} of {r.of}",
+             "-" if r.worst_error is None or r.worst_error != r.worst_error else f"{100 * r.worst_error:+.1f}%"]
+            for r in checks_summary(frame).itertuples()]
+    return ["check (METHOD.md; taxes check lists every row)", "limit", "holds", "worst error"], rows
 
 
 def _meta_line(doc: dict) -> str:
@@ -170,6 +189,9 @@ def render_markdown(doc: dict) -> str:
         pr = per_rank_rows(case)
         if pr:
             out += ["Per rank:", "", md_table(*pr), ""]
+    cr = checks_rows(doc)
+    if cr:
+        out += ["## Checks of the measurement", "", md_table(*cr), ""]
     return "\n".join(out)
 
 
@@ -246,5 +268,8 @@ def render_html(doc: dict) -> str:
             parts.append(_img(timeline(case), f"per-rank timeline: {title}"))
         if any(v.get("cta_timeline") for v in case["variants"]):
             parts.append(_img(cta_waits(case), f"fused kernels, per CTA: {title}"))
+    cr = checks_rows(doc)
+    if cr:
+        parts.append("<h2>Checks of the measurement</h2>" + _html_table(*cr))
     parts.append("</body></html>")
     return "\n".join(parts)
