@@ -23,6 +23,7 @@ DOCUMENTS = {  # calibration -> documents (tests/test_profile.py checks the same
                                 ROOT / "reports" / "gemm_rs" / "gemm_rs_interleaved.json",
                                 ROOT / "reports" / "tp_mlp" / "tp_mlp_interleaved.json"],
     "h200-x2-calibrated-session7.json": sorted((ROOT / "reports" / "profile" / "session7").glob("*.json")),
+    "h200-x2-calibrated-session7-repeat.json": sorted((ROOT / "reports" / "profile" / "session7" / "repeat").glob("*.json")),
 }
 
 

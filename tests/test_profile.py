@@ -35,6 +35,8 @@ LATER = sorted([*(ROOT / "reports" / "ag_gemm").glob("profile_*.json"), ROOT / "
 # read, and documents whose eager phases carry host stamps (issued_us), made with it.
 SESSION7 = ROOT / "reports" / "calibration" / "h200-x2-calibrated-session7.json"
 NEWEST = sorted((ROOT / "reports" / "profile" / "session7").glob("*.json"))
+SESSION7_REPEAT = ROOT / "reports" / "calibration" / "h200-x2-calibrated-session7-repeat.json"  # another machine
+REPEAT = sorted((ROOT / "reports" / "profile" / "session7" / "repeat").glob("*.json"))
 
 
 # ---- attribution arithmetic on random timelines ------------------------------------------------------
@@ -156,8 +158,9 @@ needs_real = pytest.mark.skipif(not REAL, reason="no committed result documents 
 
 @needs_real
 @pytest.mark.parametrize("path,calibration", [(p, CALIBRATED) for p in REAL] + [(p, CURRENT) for p in LATER if p.exists()]
-                         + [(p, SESSION7) for p in NEWEST],
-                         ids=[p.name for p in REAL] + [p.name for p in LATER if p.exists()] + [f"session7/{p.name}" for p in NEWEST])
+                         + [(p, SESSION7) for p in NEWEST] + [(p, SESSION7_REPEAT) for p in REPEAT],
+                         ids=[p.name for p in REAL] + [p.name for p in LATER if p.exists()] + [f"session7/{p.name}" for p in NEWEST]
+                         + [f"session7/repeat/{p.name}" for p in REPEAT])
 def test_real_documents_validate_and_their_components_redo_exactly(path, calibration):
     from taxes.cases import MODEL_OF
     from taxes.model import floor_of
