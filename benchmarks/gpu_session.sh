@@ -38,17 +38,17 @@ if [ "$stage" = checks ]; then
     shapes=""
     for M in 1024 2048 4096 8192 16384; do shapes="$shapes --shape M=$M,N=8192,K=8192"; done
     timeout 150 $CLI profile ag-gemm --gpus 2 $shapes --iters 30 --warmup 5 --hardware "$HW" \
-        -o "$OUT/ag_gemm_N8192.json" --force --timeout-s 140 --format md 2>&1 | summary
+        -o "$OUT/ag_gemm_N8192.json.gz" --force --timeout-s 140 --format md 2>&1 | summary
     shapes=""
     for B in 1 4 16 64; do for S in 8192 32768 131072; do shapes="$shapes --shape B=$B,S=$S"; done; done
     timeout 170 $CLI profile flash-decode --gpus 2 $shapes --iters 30 --warmup 5 --hardware "$HW" \
-        -o "$OUT/flash_decode.json" --force --timeout-s 160 --format md 2>&1 | summary
+        -o "$OUT/flash_decode.json.gz" --force --timeout-s 160 --format md 2>&1 | summary
     timeout 60 $CLI profile ag-gemm --gpus 2 --shape M=4096,N=8192,K=8192 --iters 10 --hardware "$HW" --trace "$OUT/traces" \
-        -o "$OUT/ag_gemm_traced.json" --force --timeout-s 50 --format md 2>&1 | summary
+        -o "$OUT/ag_gemm_traced.json.gz" --force --timeout-s 50 --format md 2>&1 | summary
     timeout 60 $CLI profile flash-decode --gpus 2 --shape B=1,S=32768 --shape B=16,S=32768 --iters 10 --hardware "$HW" \
-        --trace "$OUT/traces" -o "$OUT/flash_decode_traced.json" --force --timeout-s 50 --format md 2>&1 | summary
+        --trace "$OUT/traces" -o "$OUT/flash_decode_traced.json.gz" --force --timeout-s 50 --format md 2>&1 | summary
     rm -rf "$OUT/traces"  # large; the documents keep the per-phase comparison
-    $CLI check "$OUT"/ag_gemm_N8192.json "$OUT"/flash_decode.json "$OUT"/*_traced.json
+    $CLI check "$OUT"/*.json.gz
     exit 0
 fi
 if [ "$stage" = gemm-rs ]; then

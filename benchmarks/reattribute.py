@@ -22,8 +22,9 @@ DOCUMENTS = {  # calibration -> documents (tests/test_profile.py checks the same
     "h200-x2-calibrated.json": [*sorted((ROOT / "reports" / "ag_gemm").glob("profile_*.json")),
                                 ROOT / "reports" / "gemm_rs" / "gemm_rs_interleaved.json",
                                 ROOT / "reports" / "tp_mlp" / "tp_mlp_interleaved.json"],
-    "h200-x2-calibrated-session7.json": sorted((ROOT / "reports" / "profile" / "session7").glob("*.json")),
-    "h200-x2-calibrated-session7-repeat.json": sorted((ROOT / "reports" / "profile" / "session7" / "repeat").glob("*.json")),
+    "h200-x2-calibrated-session7.json": sorted((ROOT / "reports" / "profile" / "session7").glob("*.json.gz")),
+    "h200-x2-calibrated-session7-repeat.json": sorted((ROOT / "reports" / "profile" / "session7" / "repeat").glob("*.json.gz")),
+    "h200-x2-calibrated-session7-shared.json": sorted((ROOT / "reports" / "profile" / "session7" / "shared").glob("*.json.gz")),
 }
 
 
@@ -33,9 +34,10 @@ def main() -> int:
         for path in docs:
             doc = reattribute(load(path), hw)
             save(doc, path)
+            stem = path.name.split(".")[0]  # x.json or x.json.gz
             for ext, render in ((".md", render_markdown), (".html", render_html)):
-                if path.with_suffix(ext).exists():
-                    write_atomic(path.with_suffix(ext), render(doc))
+                if (path.parent / f"{stem}{ext}").exists():
+                    write_atomic(path.parent / f"{stem}{ext}", render(doc))
             print(f"{path.relative_to(ROOT)}: attributed with {cal}")
     return 0
 

@@ -106,7 +106,7 @@ def _annotate(name: str, on: bool):
 
 def time_phases(ctx, phases_of, input_sets: list, iters: int, warmup: int, label: str = "",
                 after=None, graph: bool = False, annotate: bool = False) -> list[dict]:
-    """Per-phase timing: a device event before and after every phase of each iteration.
+    """Per-phase timing: device events at the boundaries of every phase of each iteration.
 
     graph: the phases are captured (with their events) in one CUDA graph per input set and replayed.
     annotate: each phase also runs inside a torch.profiler record_function "taxes:LABEL:PHASE:ITER", so a
@@ -115,10 +115,15 @@ def time_phases(ctx, phases_of, input_sets: list, iters: int, warmup: int, label
     phases_of(*inputs) -> [(name, role, thunk)]; running the thunks in order is one call of the variant.
     Returns this rank's iterations: {"e2e_us", "phases": [{"name", "role", "start_us", "end_us"}]} with
     times from the iteration's start event; after(record) may add to each record (e.g. a kernel trace).
-    Eager phases on a GPU also get issued_us: the host clock when the phase's call returned, from just
-    after the start event's record (the device was idle then, after the barrier, so both clocks start
-    together up to the submission latency, which the phases' own launches share). The device cannot
-    have run the phase's last launch before it (taxes.attribution.host_bound_us)."""
+    Eager phases on a GPU get one event each, after the phase (a phase starts at the event before it: the
+    iteration's start or the previous phase's end; every event record is host time between launches,
+    which is what instrumenting costs where the host is the bottleneck), and issued_us: the host clock
+    when the phase's call returned, from just after the start event's record (the device was idle then,
+    after the barrier, so both clocks start together up to the submission latency, which the phases' own
+    launches share). The device cannot have run the phase's last launch before it: the part of the phase
+    before it, the device waiting on the host, is taxes.attribution.host_bound_us. Graphs keep an event
+    node before and after each phase, so a graph's own gaps between kernels stay visible; emulated
+    ranks too (their host clock is the phase clock)."""
     on_gpu = ctx.device.type == "cuda"
     clock = _DeviceClock if on_gpu else _HostClock
     graphs: dict[int, tuple] = {}
@@ -139,6 +144,11 @@ def time_phases(ctx, phases_of, input_sets: list, iters: int, warmup: int, label
                 graphs[k] = _capture_with_events(phases_of(*input_sets[k]))
             g, steps, marks = graphs[k]
             start, end = fresh(2)
+        elif on_gpu:  # eager: one event after each phase; a phase starts where the one before it ended
+            steps = phases_of(*input_sets[k])
+            evs = fresh(1 + len(steps))
+            start, end = evs[0], evs[-1]
+            marks = list(zip(evs[:-1], evs[1:]))
         else:
             steps = phases_of(*input_sets[k])
             evs = fresh(2 + 2 * len(steps))
@@ -148,6 +158,7 @@ def time_phases(ctx, phases_of, input_sets: list, iters: int, warmup: int, label
             torch.cuda.synchronize()
         ctx.barrier()
         issued = []
+        shared = on_gpu and not graph  # phases share their boundary events
         with nvtx(f"{label} iter {i}", on_gpu):
             start.record()
             h0 = time.perf_counter()
@@ -156,11 +167,13 @@ def time_phases(ctx, phases_of, input_sets: list, iters: int, warmup: int, label
             else:
                 for (name, _, thunk), (a, b) in zip(steps, marks):
                     with nvtx(name, on_gpu), _annotate(f"taxes:{label}:{name}:{i}", annotate):
-                        a.record()
+                        if not shared:
+                            a.record()
                         thunk()
                         issued.append((time.perf_counter() - h0) * 1e6)
                         b.record()
-            end.record()
+            if not shared:
+                end.record()
         if on_gpu:
             end.ev.synchronize()
         rec = {"e2e_us": start.elapsed_us(end),

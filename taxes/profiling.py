@@ -4,7 +4,8 @@ Per variant, on every rank (one process per GPU, or torchrun's processes):
 1. build it and check one run against the float32 reference (output poisoned with NaN first); the ranks
    agree on failures, so no rank enters a collective the others skipped;
 2. plain timing: barrier-aligned iterations, a start and an end event each (E2E, measured);
-3. instrumented timing: the same with an event before and after every phase; fused variants run their
+3. instrumented timing: the same with events at every phase's boundaries and host stamps on each eager
+   call's return (taxes.harness.time_phases); fused variants run their
    traced build, which stamps globaltimer per CTA around every wait (the bulk-synchronous tax);
 4. optionally (--trace DIR) a few iterations under torch.profiler, one Chrome trace per rank.
 Rank 0's launcher gathers every rank's records and builds one result document (taxes.results):
@@ -552,9 +553,21 @@ def profile(workload: str, shape: dict | str | list | None = None, gpus: int = 2
     return Result(run_profile(job, hw, emulate, timeout_s))
 
 
+def bytes_for_case(w, names: list[str], sets: int) -> float:
+    """Bytes one rank holds while a case is timed: every variant stays built across the interleaved rounds,
+    so the largest variant's whole estimate (inputs rotated over `sets`, the reference, its buffers) plus
+    every other variant's own buffers (gathered and staging buffers, the estimate's "gathered")."""
+    from taxes import preflight
+
+    kinds = [v.removesuffix("-graph") if v.startswith("fused") else v for v in names]
+    parts = [preflight.memory_breakdown(w, k, sets) for k in kinds]
+    largest = max(range(len(parts)), key=lambda i: sum(parts[i].values()))
+    return sum(parts[largest].values()) + sum(p.get("gathered", 0.0) for i, p in enumerate(parts) if i != largest)
+
+
 def _check_memory(ws: list, names: list[str]) -> None:
-    """Refuse, before anything is allocated, a shape whose largest variant does not fit this GPU
-    (inputs rotated over up to four sets, the reference and the variant's own buffers)."""
+    """Refuse, before anything is allocated, a shape whose variants do not fit this GPU together
+    (bytes_for_case)."""
     from taxes import preflight
     from taxes.cases import L2_BYTES
 
@@ -568,9 +581,7 @@ def _check_memory(ws: list, names: list[str]) -> None:
         return
     for w in ws:
         sets = 1 if w.name == "flash-decode" and w.kv_bytes() > 3 * L2_BYTES else 4
-        need = max(preflight.bytes_needed(w, v.removesuffix("-graph") if v.startswith("fused") else v, sets)
-                   for v in names)
-        preflight.check_memory(need, device)
+        preflight.check_memory(bytes_for_case(w, names, sets), device)
 
 
 def summary_lines(doc: dict) -> list[str]:

@@ -372,6 +372,17 @@ def load(path: str | Path) -> dict:
         raise TaxesError(one_line(f"{path}: cannot read it ({e.strerror or e})")) from None
     if len(raw) > MAX_BYTES:
         raise TaxesError(one_line(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a result document"))
+    if raw[:2] == b"\x1f\x8b":  # gzip (save() writes it for a .gz name): bounded like the plain file
+        import gzip
+        import io
+
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as g:
+                raw = g.read(MAX_BYTES + 1)
+        except (OSError, EOFError) as e:
+            raise TaxesError(one_line(f"{path}: not a result document (a broken gzip file: {e})")) from None
+        if len(raw) > MAX_BYTES:
+            raise TaxesError(one_line(f"{path}: more than {MAX_BYTES >> 20} MiB uncompressed; not a result document"))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -440,10 +451,16 @@ def write_error(path: str | Path, e: OSError) -> TaxesError:
 
 
 def save(doc: dict, path: str | Path, overwrite: bool = True) -> None:
-    """Validate and write a document atomically; overwrite=False refuses an existing file."""
+    """Validate and write a document atomically (gzip-compressed when the name ends in .gz; load() reads
+    both); overwrite=False refuses an existing file."""
     validate(doc, str(path))
+    data: str | bytes = dumps(doc)
+    if str(path).endswith(".gz"):
+        import gzip
+
+        data = gzip.compress(data.encode("utf-8"), mtime=0)
     try:
-        write_atomic(path, dumps(doc), overwrite=overwrite)
+        write_atomic(path, data, overwrite=overwrite)
     except OSError as e:
         raise write_error(path, e) from None
 

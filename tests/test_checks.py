@@ -15,8 +15,8 @@ from taxes.results import load, save
 
 ROOT = Path(__file__).resolve().parent.parent
 SESSION7 = ROOT / "reports" / "profile" / "session7"
-AG = SESSION7 / "ag_gemm_N8192.json"
-TRACED = SESSION7 / "flash_decode_traced.json"
+AG = SESSION7 / "ag_gemm_N8192.json.gz"
+TRACED = SESSION7 / "flash_decode_traced.json.gz"
 needs = pytest.mark.skipif(not AG.exists() or not TRACED.exists(), reason="no session-7 documents")
 
 

@@ -233,6 +233,24 @@ def test_load_refuses_huge_files(tmp_path, monkeypatch, model_doc):
     assert_one_line(str(e.value))
 
 
+def test_gzip_documents_roundtrip_and_are_bounded_and_checked(tmp_path, monkeypatch, model_doc):
+    import gzip
+
+    path = tmp_path / "doc.json.gz"
+    results.save(model_doc, path)
+    assert path.read_bytes()[:2] == b"\x1f\x8b" and len(path.read_bytes()) < len(results.dumps(model_doc))
+    assert results.load(path) == model_doc
+    # a broken gzip stream and one that inflates past the limit: one line each
+    (tmp_path / "cut.json.gz").write_bytes(path.read_bytes()[:40])
+    (tmp_path / "bomb.json.gz").write_bytes(gzip.compress(b" " * (1 << 20)))
+    monkeypatch.setattr(results, "MAX_BYTES", 1 << 16)
+    for name, what in (("cut.json.gz", "broken gzip"), ("bomb.json.gz", "uncompressed")):
+        with pytest.raises(TaxesError) as e:
+            results.load(tmp_path / name)
+        assert what in str(e.value)
+        assert_one_line(str(e.value))
+
+
 @pytest.mark.parametrize("value", [["ag-gemm"], {"name": "ag-gemm"}])
 def test_unhashable_workload_is_a_taxes_error(model_doc, value):
     model_doc["cases"][0]["workload"] = value
