@@ -31,7 +31,8 @@ def main() -> int:
         write_atomic(OUT / doc.replace(".json", ".html"), render_html(load(OUT / doc)))
     # session 7's reports as Markdown: HTML with every case's plots is megabytes per document
     for doc in ("session7/ag_gemm_N8192", "session7/flash_decode", "session7/repeat/ag_gemm_N8192",
-                "session7/repeat/flash_decode", "session7/shared/ag_gemm_N8192", "session7/shared/flash_decode"):
+                "session7/repeat/flash_decode", "session7/shared/ag_gemm_N8192", "session7/shared/flash_decode",
+                "session7/combine/ag_gemm_N8192", "session7/combine/flash_decode"):
         write_atomic(OUT / f"{doc}.md", render_markdown(load(OUT / f"{doc}.json.gz")))
     return 0
 

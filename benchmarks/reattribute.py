@@ -25,6 +25,7 @@ DOCUMENTS = {  # calibration -> documents (tests/test_profile.py checks the same
     "h200-x2-calibrated-session7.json": sorted((ROOT / "reports" / "profile" / "session7").glob("*.json.gz")),
     "h200-x2-calibrated-session7-repeat.json": sorted((ROOT / "reports" / "profile" / "session7" / "repeat").glob("*.json.gz")),
     "h200-x2-calibrated-session7-shared.json": sorted((ROOT / "reports" / "profile" / "session7" / "shared").glob("*.json.gz")),
+    "h200-x2-calibrated-session7-combine.json": sorted((ROOT / "reports" / "profile" / "session7" / "combine").glob("*.json.gz")),
 }
 
 

@@ -22,6 +22,9 @@ What is measured (every time in us, every rate per second, medians of repeated r
 - pingpong: a one-CTA kernel on two ranks bouncing a flag: relaxed stores and volatile polls (the link
   latency is half its round trip) and the fused kernels' own protocol (kernels/sync.py: release signal,
   acquire wait); a stamped run gives each GPU's clock offset from rank 0's (NTP-style).
+- combine: flash decode's combine kernel (kernels/flash_decode.py) with 4 programs merging 4 and then 64
+  partial sets per row, checked against float32: its device time at few programs is a loop of dependent
+  loads, base + sets x per set, which the model charges the combines (not HBM bandwidth).
 - skew: after a barrier each rank stamps %globaltimer in a kernel; the spread, clocks corrected by the
   offsets. Also the spread of a tiny all-reduce's duration across ranks (no clocks needed): the fallback.
 
@@ -68,7 +71,7 @@ from taxes.kernels.sync import (
     wait_budget,
 )
 
-FIGURES = ("launch", "hbm", "matmul", "nccl", "peer", "pingpong", "skew", "triton_gemm")
+FIGURES = ("launch", "hbm", "matmul", "nccl", "peer", "pingpong", "skew", "triton_gemm", "combine")
 PAIR_FIGURES = ("nccl", "peer", "pingpong", "skew")  # need 2 or more GPUs
 NO_GPU = ("calibrate needs CUDA GPUs and this machine has none; `taxes hardware list` shows the built-in "
           "and saved profiles that `taxes model` can use instead")
@@ -312,6 +315,17 @@ def _derive_triton_gemm(rs):
                                             "Triton GEMM TFLOP/s")}
 
 
+def _derive_combine(rs):
+    ok = [r for r in rs if r.get("checked")]
+    if len(ok) < len(rs):
+        raise CalibrationError("combine: the combine kernel's result differs from float32")
+    sets = rs[0]["sets"]
+    t = [median_reading([x for r in rs for x in r["us"][j]], f"combine, {n} sets") for j, n in enumerate(sets)]
+    per_set = max(0.0, (t[-1] - t[0]) / (sets[-1] - sets[0]))
+    return {"combine_per_set_us": plausible(per_set, 0, 1e4, "combine us per set"),
+            "combine_base_us": plausible(max(0.0, t[0] - sets[0] * per_set), 0, 1e4, "combine base us")}
+
+
 def _derive_hbm(rs):
     moved = rs[0]["bytes_moved"]
     out = {"hbm_copy_gbps": plausible(moved / median_reading(_pool(rs, "us"), "HBM copy") / 1e3, 10, 1e5,
@@ -469,6 +483,7 @@ def derive_figures(ranks: list[dict], run_error: str | None = None) -> tuple[dic
 
     attempt("matmul", _derive_matmul)
     attempt("triton_gemm", _derive_triton_gemm)
+    attempt("combine", _derive_combine)
     attempt("hbm", _derive_hbm)
     attempt("launch", lambda rs: _derive_launch(rs, _readings(ranks, "nccl")))
     attempt("nccl", _derive_nccl)
@@ -640,6 +655,14 @@ def assemble_profile(ranks: list[dict], base: HardwareProfile, meta: dict, *, na
         v["collective_efficiency"] = min(1.0, base.collective_efficiency * base_inbound / inbound)
         how["collective_efficiency"] = f"kept from {base.name} (its achieved rate): {why('nccl')}"
         kept("collective_base_us", why("nccl"))
+
+    # -- the combine kernel's loop
+    if fig.get("combine_per_set_us") is not None:
+        v["combine_us"] = {"base": fig["combine_base_us"], "per_set": fig["combine_per_set_us"]}
+        how["combine_us"] = "measured: flash decode's combine kernel, 4 programs, 4 and 64 sets per row"
+    else:
+        v["combine_us"] = dict(base.combine_us)
+        how["combine_us"] = f"kept from {base.name}: {why('combine')}"
 
     # -- latencies and launch costs
     for field, key, what, src in (
@@ -1107,6 +1130,34 @@ def measure_triton_gemm(ctx, plan: Plan, cycles_per_us: float) -> dict:
     return out
 
 
+COMBINE_SETS = (4, 64)
+
+
+def measure_combine(ctx, plan: Plan, cycles_per_us: float, rows: int = 64, D: int = 128) -> dict:
+    """flash decode's combine kernel at 4 programs of 16 rows (batch 1, 64 query heads), merging each
+    of COMBINE_SETS partial sets per row; each run checked against a float32 merge first."""
+    from taxes.kernels.flash_decode import combine_kernel
+
+    out = {"rows": rows, "sets": list(COMBINE_SETS), "us": [], "checked": True}
+    g = torch.Generator(device=ctx.device).manual_seed(21 + ctx.rank)
+    for n in COMBINE_SETS:
+        part = torch.randn(rows, n, D + 1, generator=g, device=ctx.device)
+        res = torch.full((rows, D + 1), float("nan"), device=ctx.device)
+
+        def run():
+            combine_kernel[(triton.cdiv(rows, 16),)](part, res, rows, n, n * (D + 1), D + 1, D=D, BLOCK_R=16,
+                                                     PACKED_OUT=True, num_warps=4)
+
+        run()
+        w = torch.exp2(part[:, :, D] - part[:, :, D].max(dim=1, keepdim=True).values)  # log2-domain weights
+        want = (w[:, :, None] * part[:, :, :D]).sum(1) / w.sum(1, keepdim=True)
+        out["checked"] &= bool(torch.allclose(res[:, :D], want, rtol=1e-4, atol=1e-5))
+        for _ in range(plan.warmup):
+            run()
+        out["us"].append(device_calls_us(run, plan.reps, cycles_per_us)[0] if ctx.device.type == "cuda" else [])
+    return out
+
+
 def _nccl_calls(size: int) -> int:
     """Back-to-back all-gathers per reading: about 2 ms of work, 3 to 30 calls."""
     est_us = 20 + size / 2e5
@@ -1328,7 +1379,8 @@ def measure(ctx, quick: bool = False, progress_dir: str | None = None, figures=F
     cycles = sleep_cycles_per_us(ctx.device)
     readings["sleep_cycles_per_us"] = cycles
     steps = {"launch": measure_launch, "hbm": measure_hbm, "matmul": measure_matmul, "nccl": measure_nccl,
-             "peer": measure_peer, "pingpong": measure_pingpong, "skew": measure_skew, "triton_gemm": measure_triton_gemm}
+             "peer": measure_peer, "pingpong": measure_pingpong, "skew": measure_skew, "triton_gemm": measure_triton_gemm,
+             "combine": measure_combine}
     for name in figures:
         if name in PAIR_FIGURES and ctx.world < 2:
             continue

@@ -21,6 +21,7 @@ PROFILE_VERSION = 1
 # Launcher kinds with their own host cost: a torch op, a plain Triton kernel, a Triton kernel whose
 # launcher also builds TMA descriptors (our fused GEMMs), an NCCL collective, one CUDA graph replay.
 LAUNCHERS = ("torch", "triton", "triton_tma", "nccl", "graph")
+COMBINE_KEYS = ("base", "per_set")
 MAX_PROFILE_BYTES = 16 * 1024 * 1024  # a profile with calibration curves is tens of KiB; refuse more than this
 
 
@@ -50,10 +51,20 @@ class HardwareProfile:
     # host time of one eager launch per launcher kind (LAUNCHERS), us; a kind not measured costs
     # launch_eager_us (profiles calibrated before this field existed have none)
     launch_host_us: dict = field(default_factory=dict)
+    # device time of a combine kernel whose few programs each merge n partial sets in a loop:
+    # {"base": us, "per_set": us per set} (COMBINE_KEYS); empty: unmeasured, the model charges kernel_floor_us
+    combine_us: dict = field(default_factory=dict)
 
     def launch_us(self, kind: str) -> float:
         """Host time of one launch of this kind from Python (kinds: LAUNCHERS)."""
         return float(self.launch_host_us.get(kind, self.launch_eager_us))
+
+    def combine_kernel_us(self, n_sets: int) -> float:
+        """Device time of a combine kernel whose programs each merge n_sets partials in a loop (few
+        programs: latency, not bandwidth); kernel_floor_us where the profile has no such reading."""
+        if not self.combine_us:
+            return self.kernel_floor_us
+        return self.combine_us["base"] + n_sets * self.combine_us["per_set"]
 
     def peak_flops(self, dtype: str) -> float:
         if dtype not in self.matrix_tflops:
@@ -209,7 +220,7 @@ def profile_from_dict(d: dict, origin: str = "profile") -> HardwareProfile:
     if type(version) is not int or version != PROFILE_VERSION:
         raise _bad(origin, f"hardware profile version {_short(version)} is not supported (this taxes reads version {PROFILE_VERSION})")
     names = {f.name for f in fields(HardwareProfile)}
-    missing = sorted(names - set(d) - {"extra", "description", "source", "launch_host_us"})
+    missing = sorted(names - set(d) - {"extra", "description", "source", "launch_host_us", "combine_us"})
     if missing:
         raise _bad(origin, f"hardware profile lacks {missing[0]}")
     for key in ("name", "description", "source"):
@@ -247,9 +258,14 @@ def profile_from_dict(d: dict, origin: str = "profile") -> HardwareProfile:
     hosts = d.get("launch_host_us", {})
     if not isinstance(hosts, dict) or not all(k in LAUNCHERS and _finite(v) for k, v in hosts.items()):
         raise _bad(origin, f"launch_host_us must map launcher kinds ({', '.join(LAUNCHERS)}) to finite non-negative numbers")
+    combine = d.get("combine_us", {})
+    if not isinstance(combine, dict) or not all(k in COMBINE_KEYS and _finite(v) for k, v in combine.items()) \
+            or (combine and set(combine) != set(COMBINE_KEYS)):
+        raise _bad(origin, f"combine_us must be empty or map {' and '.join(COMBINE_KEYS)} to finite non-negative numbers")
     return HardwareProfile(
         name=d["name"] if isinstance(d["name"], str) and d["name"] else "unnamed",
         launch_host_us={k: float(v) for k, v in hosts.items()},
+        combine_us={k: float(v) for k, v in combine.items()},
         description=d.get("description", ""),
         source=d.get("source", "file"),
         matrix_tflops={k: float(v) for k, v in tf.items()},

@@ -162,10 +162,12 @@ def _collective_step(name: str, w: Workload, hw: HardwareProfile, fl: Floor, nby
     }, "nccl")
 
 
-def _small_kernel_step(name: str, hw: HardwareProfile, locality_us: float, launcher: str = "triton") -> Step:
-    """A combine-like kernel: its bytes are all intermediate; below the kernel floor it idles."""
-    return Step(name, "compute", {"locality": locality_us, "inefficiency": max(0.0, hw.kernel_floor_us - locality_us)},
-                launcher)
+def _small_kernel_step(name: str, hw: HardwareProfile, locality_us: float, launcher: str = "triton",
+                       floor_us: float | None = None) -> Step:
+    """A combine-like kernel: its bytes are all intermediate; below its floor (the kernel floor, or a
+    combine's loop over its partial sets, hw.combine_kernel_us) it idles or waits on memory latency."""
+    floor_us = hw.kernel_floor_us if floor_us is None else floor_us
+    return Step(name, "compute", {"locality": locality_us, "inefficiency": max(0.0, floor_us - locality_us)}, launcher)
 
 
 def _overlap(chunks: list[tuple[float, float]]) -> tuple[float, float]:
@@ -272,9 +274,9 @@ def _flash_decode_steps(w: FlashDecode, variant: str, hw: HardwareProfile, fl: F
     if variant in BSP_VARIANTS:
         return [
             attention,
-            _small_kernel_step("local_combine", hw, _hbm_us(split_io + part, hw)),
+            _small_kernel_step("local_combine", hw, _hbm_us(split_io + part, hw), floor_us=hw.combine_kernel_us(splits)),
             _collective_step("all_gather_partials", w, hw, fl, w.link_bytes(), _hbm_us(part + p * part, hw)),
-            _small_kernel_step("global_combine", hw, _hbm_us(p * part, hw)),
+            _small_kernel_step("global_combine", hw, _hbm_us(p * part, hw), floor_us=hw.combine_kernel_us(p)),
         ]
     # Fused: one combine kernel merges the splits, sends the rank's partial to every peer (push) or
     # publishes it for them to read (pull), and merges peers' partials as their flags arrive.
@@ -285,7 +287,7 @@ def _flash_decode_steps(w: FlashDecode, variant: str, hw: HardwareProfile, fl: F
     unhideable = min(fl.unhideable_link_us, transfer)
     combine = Step(f"combine_{variant.replace('-', '_')}", "compute", {
         "locality": locality,
-        "inefficiency": max(0.0, hw.kernel_floor_us - locality),
+        "inefficiency": max(0.0, hw.combine_kernel_us(splits + p) - locality),  # merges the splits, then p partials
         "sync_wait": hw.rank_skew_us if p > 1 else 0.0,
         "ideal": unhideable,
         "exposed_transfer": transfer - unhideable,

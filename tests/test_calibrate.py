@@ -34,7 +34,8 @@ H200 = BUILTIN["h200-sxm"]
 TRUTH = dict(torch_bf16_tflops=780.0, torch_fp16_tflops=770.0, triton_bf16_tflops=700.0, hbm_gbps=4200.0,
              copy_gbps=354.0, store_gbps=313.0, load_gbps=291.0, nccl_base_us=20.0, nccl_gbps=300.0,
              triton_host_us=16.0, torch_host_us=23.0, nccl_host_us=30.0, prefilled_us=2.5, graph_us=1.2,
-             relaxed_rtt_us=3.0, acquire_rtt_us=6.0, offset_ns=123_456.0, skew_us=8.0)
+             relaxed_rtt_us=3.0, acquire_rtt_us=6.0, offset_ns=123_456.0, skew_us=8.0, combine_base_us=2.8,
+             combine_per_set_us=0.35)
 
 
 def _noisy(rng, x, n, rel=0.01):
@@ -59,6 +60,8 @@ def synthetic_ranks(rng: random.Random, world: int = 2, truth: dict = TRUTH, rep
                        "torch_fp16_us": _noisy(rng, flops / (t["torch_fp16_tflops"] * 1e6), reps)},
             "triton_gemm": {"n": 8192, "flops": flops, "rel_error": 2e-3, "tolerance": 1e-2,
                             "us": _noisy(rng, flops / (t["triton_bf16_tflops"] * 1e6), reps)},
+            "combine": {"rows": 64, "sets": [4, 64], "checked": True,
+                        "us": [_noisy(rng, t["combine_base_us"] + n * t["combine_per_set_us"], reps, 0.001) for n in (4, 64)]},
         }
         if world > 1:
             sizes = [4096 << i for i in range(17)]
@@ -244,6 +247,9 @@ def test_profile_from_synthetic_readings_matches_the_machine_and_loads():
     assert prof.link_latency_us == pytest.approx(t["relaxed_rtt_us"] / 2, rel=rel)
     assert prof.flag_round_trip_us == pytest.approx(t["acquire_rtt_us"], rel=rel)
     assert prof.rank_skew_us == pytest.approx(t["skew_us"], rel=rel)
+    assert prof.combine_us["per_set"] == pytest.approx(t["combine_per_set_us"], rel=rel)
+    assert prof.combine_us["base"] == pytest.approx(t["combine_base_us"], rel=0.05)
+    assert prof.combine_kernel_us(33) == pytest.approx(t["combine_base_us"] + 33 * t["combine_per_set_us"], rel=rel)
     assert "globaltimer" in raw["figures"]["rank_skew_method"]
     off = raw["figures"]["clock_offsets"]["1"]
     assert abs(off["offset_ns"] - t["offset_ns"]) <= 2 * off["error_ns"]
@@ -289,6 +295,37 @@ def test_peaks_are_the_best_shape_and_the_best_of_copy_and_read_and_the_model_ke
     ranks = _with_shapes_and_read(synthetic_ranks(random.Random(7)), rng, [700.0] * 3, [9000.0] * 3, checked=False)
     prof, raw = assemble(ranks)
     assert "sums were wrong" in raw["failed"]["hbm"] and prof.hbm_gbps == H200.hbm_gbps
+
+
+def test_combine_readings_that_failed_their_check_keep_the_base_and_the_model_uses_a_measured_one():
+    rng = random.Random(8)
+    ranks = synthetic_ranks(rng)
+    ranks[1]["figures"]["combine"]["checked"] = False
+    prof, raw = assemble(ranks)
+    assert "differs from float32" in raw["failed"]["combine"] and prof.combine_us == H200.combine_us == {}
+    assert prof.combine_kernel_us(33) == prof.kernel_floor_us  # unmeasured: the empty kernel's floor
+    measured, _ = assemble(synthetic_ranks(random.Random(9)))
+    w = make_workload("flash-decode", {"B": 1, "S": 8192}, 2, "bf16")
+    splits = w.kv_splits(measured.sm_count)
+    for v in ("bsp-graph", "fused-push-graph"):
+        slow, fast = predict(w, v, measured), predict(w, v, prof)
+        # the combines' loops over their sets now take base + sets x per set, not the empty kernel's floor
+        assert slow.e2e_us > fast.e2e_us
+    comb = {ph.name: ph.end_us - ph.start_us for ph in predict(w, "bsp-graph", measured).phases}
+    assert comb["local_combine"] == pytest.approx(max(measured.combine_kernel_us(splits), 0.0), rel=0.01)
+
+
+def test_measure_combine_checks_the_kernel_under_the_interpreter():
+    from types import SimpleNamespace
+
+    import torch
+
+    from taxes.kernels.runtime import interpreting
+
+    if not interpreting():
+        pytest.skip("triton was imported before TRITON_INTERPRET was set")
+    got = cal.measure_combine(SimpleNamespace(device=torch.device("cpu"), rank=0), TINY, 1.0, rows=20, D=16)
+    assert got["checked"] and got["sets"] == list(cal.COMBINE_SETS) and got["us"] == [[], []]
 
 
 def test_hbm_read_kernel_sums_every_element_once_under_the_interpreter():

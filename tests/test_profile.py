@@ -33,9 +33,10 @@ LATER = sorted([*(ROOT / "reports" / "ag_gemm").glob("profile_*.json"), ROOT / "
                 ROOT / "reports" / "tp_mlp" / "tp_mlp_interleaved.json"])
 # Session 7: calibrations with the matrix peak over four shapes and the HBM peak the best of copy and
 # read, and documents whose eager phases carry host stamps (issued_us), each run with its own calibration
-# (shared: eager phases sharing their boundary events).
+# (shared: eager phases sharing their boundary events; combine: and the combine kernel calibrated).
 SESSION7_RUNS = [(ROOT / "reports" / "profile" / "session7" / sub, ROOT / "reports" / "calibration" / f"h200-x2-calibrated-{cal}.json")
-                 for sub, cal in (("", "session7"), ("repeat", "session7-repeat"), ("shared", "session7-shared"))]
+                 for sub, cal in (("", "session7"), ("repeat", "session7-repeat"), ("shared", "session7-shared"),
+                                  ("combine", "session7-combine"))]
 NEWEST = [(p, cal) for d, cal in SESSION7_RUNS for p in sorted(d.glob("*.json.gz"))]
 
 
