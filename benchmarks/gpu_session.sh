@@ -24,6 +24,26 @@ OUT=${2:-${OUT:-bench-out}}
 HW=${HW:-reports/calibration/h200-x2-calibrated.json}
 CLI="python benchmarks/taxes_cli.py"
 summary() { grep -E "^\| (E2E|speed|correct)|^## |rror|wrote"; }
+# The benchmark sweeps of ag-gemm (at one N) and flash decode, and the two --trace runs (profiler cross-check);
+# SECONDS is each command's limit, SUFFIX the result files' (.json, or .json.gz compressed).
+ag_sweep() {  # N SECONDS SUFFIX
+    local shapes=""
+    for M in 1024 2048 4096 8192 16384; do shapes="$shapes --shape M=$M,N=$1,K=8192"; done
+    timeout "$2" $CLI profile ag-gemm --gpus 2 $shapes --iters 30 --warmup 5 --hardware "$HW" \
+        -o "$OUT/ag_gemm_N$1$3" --force --timeout-s $(($2 - 10)) --format md 2>&1 | summary
+}
+fd_sweep() {  # SECONDS SUFFIX
+    local shapes=""
+    for B in 1 4 16 64; do for S in 8192 32768 131072; do shapes="$shapes --shape B=$B,S=$S"; done; done
+    timeout "$1" $CLI profile flash-decode --gpus 2 $shapes --iters 30 --warmup 5 --hardware "$HW" \
+        -o "$OUT/flash_decode$2" --force --timeout-s $(($1 - 10)) --format md 2>&1 | summary
+}
+traced_runs() {  # SECONDS SUFFIX
+    timeout "$1" $CLI profile ag-gemm --gpus 2 --shape M=4096,N=8192,K=8192 --iters 10 --hardware "$HW" \
+        --trace "$OUT/traces" -o "$OUT/ag_gemm_traced$2" --force --timeout-s $(($1 - 10)) --format md 2>&1 | summary
+    timeout "$1" $CLI profile flash-decode --gpus 2 --shape B=1,S=32768 --shape B=16,S=32768 --iters 10 --hardware "$HW" \
+        --trace "$OUT/traces" -o "$OUT/flash_decode_traced$2" --force --timeout-s $(($1 - 10)) --format md 2>&1 | summary
+}
 mkdir -p "$OUT"
 
 if [ "$stage" = calibrate ]; then
@@ -35,18 +55,9 @@ fi
 if [ "$stage" = checks ]; then
     timeout 150 python benchmarks/calibrate.py --out "$OUT/calibration" --name h200-x2-calibrated 2>&1 | tail -22
     [ -f "$OUT/calibration/h200-x2-calibrated.json" ] && HW="$OUT/calibration/h200-x2-calibrated.json"
-    shapes=""
-    for M in 1024 2048 4096 8192 16384; do shapes="$shapes --shape M=$M,N=8192,K=8192"; done
-    timeout 150 $CLI profile ag-gemm --gpus 2 $shapes --iters 30 --warmup 5 --hardware "$HW" \
-        -o "$OUT/ag_gemm_N8192.json.gz" --force --timeout-s 140 --format md 2>&1 | summary
-    shapes=""
-    for B in 1 4 16 64; do for S in 8192 32768 131072; do shapes="$shapes --shape B=$B,S=$S"; done; done
-    timeout 170 $CLI profile flash-decode --gpus 2 $shapes --iters 30 --warmup 5 --hardware "$HW" \
-        -o "$OUT/flash_decode.json.gz" --force --timeout-s 160 --format md 2>&1 | summary
-    timeout 60 $CLI profile ag-gemm --gpus 2 --shape M=4096,N=8192,K=8192 --iters 10 --hardware "$HW" --trace "$OUT/traces" \
-        -o "$OUT/ag_gemm_traced.json.gz" --force --timeout-s 50 --format md 2>&1 | summary
-    timeout 60 $CLI profile flash-decode --gpus 2 --shape B=1,S=32768 --shape B=16,S=32768 --iters 10 --hardware "$HW" \
-        --trace "$OUT/traces" -o "$OUT/flash_decode_traced.json.gz" --force --timeout-s 50 --format md 2>&1 | summary
+    ag_sweep 8192 150 .json.gz
+    fd_sweep 170 .json.gz
+    traced_runs 60 .json.gz
     rm -rf "$OUT/traces"  # large; the documents keep the per-phase comparison
     $CLI check "$OUT"/*.json.gz
     exit 0
@@ -113,20 +124,9 @@ fi
 timeout 150 python benchmarks/ag_gemm.py --world 2 --tune --install --variants fused-push-graph --iters 20 \
     --tune-iters 8 --out "$OUT/tune" --name ag_gemm_tune_graph --timeout-s 140 2>&1 | tail -12
 cp kernels/ag_gemm_tuned.json "$OUT/"
-for N in 8192 28672; do
-    shapes=""
-    for M in 1024 2048 4096 8192 16384; do shapes="$shapes --shape M=$M,N=$N,K=8192"; done
-    timeout 200 $CLI profile ag-gemm --gpus 2 $shapes --iters 30 --warmup 5 --hardware "$HW" \
-        -o "$OUT/ag_gemm_N$N.json" --force --timeout-s 190 --format md 2>&1 | summary
-done
-shapes=""
-for B in 1 4 16 64; do for S in 8192 32768 131072; do shapes="$shapes --shape B=$B,S=$S"; done; done
-timeout 260 $CLI profile flash-decode --gpus 2 $shapes --iters 30 --warmup 5 --hardware "$HW" \
-    -o "$OUT/flash_decode.json" --force --timeout-s 250 --format md 2>&1 | summary
-timeout 90 $CLI profile ag-gemm --gpus 2 --shape M=4096,N=8192,K=8192 --iters 10 --hardware "$HW" --trace "$OUT/traces" \
-    -o "$OUT/ag_gemm_traced.json" --force --timeout-s 80 --format md 2>&1 | summary
-timeout 90 $CLI profile flash-decode --gpus 2 --shape B=1,S=32768 --shape B=16,S=32768 --iters 10 --hardware "$HW" \
-    --trace "$OUT/traces" -o "$OUT/flash_decode_traced.json" --force --timeout-s 80 --format md 2>&1 | summary
+for N in 8192 28672; do ag_sweep $N 200 .json; done
+fd_sweep 260 .json
+traced_runs 90 .json
 timeout 150 python benchmarks/fault_flag.py 2>&1 | tail -20
 python benchmarks/tables.py ag-gemm "$OUT/ag_gemm_N8192.json" "$OUT/ag_gemm_N28672.json"
 python benchmarks/tables.py flash-decode "$OUT/flash_decode.json"

@@ -22,7 +22,7 @@ def check_markdown(frame, summary, failing_only: bool = True) -> str:
     from taxes.reports.render import md_table
 
     head = ["check", "limit", "holds", "worst error"]
-    rows = [[r.check, f"{100 * r.limit:.0f}%", f"{r.ok} of {getattr(r, 'of')}", _pct(r.worst_error)]
+    rows = [[r.check, f"{100 * r.limit:.0f}%", f"{r.ok} of {r.of}", _pct(r.worst_error)]
             for r in summary.itertuples()]
     out = [md_table(head, rows), ""]
     detail = frame[~frame["ok"]] if failing_only else frame
