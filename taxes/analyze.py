@@ -287,9 +287,13 @@ def _launches_from_flows(events: pd.DataFrame, acts: pd.DataFrame) -> None:
     host = events[events["kind"].isin(("runtime", "driver"))][["pid", "tid", "ts", "name"]]
     if ends.empty or starts.empty or host.empty:
         return
-    want = acts.loc[missing, ["pid", "tid", "start_us"]].rename(columns={"start_us": "ts"}).reset_index()
-    hit = (want.merge(ends.drop_duplicates(["pid", "tid", "ts"]), on=["pid", "tid", "ts"])
-           .merge(starts.drop_duplicates("flow_id"), on="flow_id", suffixes=("", "_call"))
+    want = acts.loc[missing, ["pid", "tid", "start_us", "correlation"]].rename(columns={"start_us": "ts"}).reset_index()
+    at = want.merge(ends.drop_duplicates(["pid", "tid", "ts", "flow_id"]), on=["pid", "tid", "ts"])
+    # a flow is an activity's own only if its id is the activity's correlation (where it has one): another
+    # activity may start at the same instant on the same stream in a malformed or merged trace
+    corr = pd.to_numeric(at["correlation"], errors="coerce")
+    at = at[corr.isna() | (corr == pd.to_numeric(at["flow_id"], errors="coerce"))].drop_duplicates("index")
+    hit = (at.merge(starts.drop_duplicates("flow_id"), on="flow_id", suffixes=("", "_call"))
            .merge(host.drop_duplicates(["pid", "tid", "ts"]), left_on=["pid_call", "tid_call", "ts_call"],
                   right_on=["pid", "tid", "ts"], suffixes=("", "_host")))
     if hit.empty:

@@ -509,6 +509,20 @@ def random_rank(draw):
     return steps, kernels
 
 
+def test_a_flow_is_only_its_own_activitys_launch(tmp_path):
+    # found by the random test below: an activity with no launch call in the trace starts at the same
+    # instant on the same stream as one whose ac2g flow ends there; the flow (another correlation id) is
+    # not its launch, so it stays unlaunched and outside the step that the launched one belongs to
+    tr = new_trace(0, 1)
+    add_step(tr, 0, 0.0, 20.0)
+    add_launch(tr, 0.0, [(MM, 7, 20.0, 21.0)])
+    add_launch(tr, 0.0, [(MM, 7, 20.0, 21.125)], record_call=False)
+    an = A.analyze([write_trace(tr, tmp_path / "rank0.json")])
+    acts = A.gpu_activities(A.load_ranks([tmp_path / "rank0.json"])[0]).sort_values("end_us")
+    assert acts["launch_us"].iloc[0] == pytest.approx(T0) and math.isnan(acts["launch_us"].iloc[1])
+    assert an.steps["span_us"].iloc[0] == pytest.approx(21.0, abs=1e-6)
+
+
 @settings(max_examples=60)
 @given(random_rank())
 def test_random_traces_follow_the_rules(tmp_path_factory, case):
