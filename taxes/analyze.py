@@ -13,11 +13,9 @@ nanosecond digits); data flows trace files -> events -> activities -> per-rank p
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import re
-import zlib
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -74,18 +72,12 @@ def _error(message: str) -> TaxesError:
 
 def _read_bytes(path: Path) -> bytes:
     """The file's bytes, decompressed when it is gzip (by its magic number, whatever its name)."""
+    from taxes.results import BrokenGzip, read_maybe_gzip
+
     try:
-        with open(path, "rb") as f:
-            gz = f.read(2) == b"\x1f\x8b"
-            f.seek(0)
-            if not gz:
-                data = f.read(MAX_TRACE_BYTES + 1)
-            else:
-                try:
-                    with gzip.open(f) as g:
-                        data = g.read(MAX_TRACE_BYTES + 1)
-                except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-                    raise _error(f"{path}: a truncated or corrupt gzip file ({e})") from None
+        data = read_maybe_gzip(path, MAX_TRACE_BYTES)
+    except BrokenGzip as e:
+        raise _error(f"{path}: a truncated or corrupt gzip file ({e})") from None
     except FileNotFoundError:
         raise _error(f"{path}: no such file") from None
     except IsADirectoryError:

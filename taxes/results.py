@@ -358,31 +358,45 @@ def loads(text: str, origin: str = "result") -> dict:
     return validate(doc, origin)
 
 
+class BrokenGzip(ValueError):
+    """A truncated or corrupt gzip stream (read_maybe_gzip)."""
+
+
+def read_maybe_gzip(path: str | Path, limit: int) -> bytes:
+    """The file's bytes, decompressed when it is gzip (by its magic number, whatever its name), at most
+    limit + 1 of them, so a caller can refuse more and a gzip bomb stops there. OSError as open and read
+    raise it; BrokenGzip for a truncated or corrupt gzip stream. (Result documents and taxes analyze's
+    traces both read through here.)"""
+    import gzip
+    import zlib
+
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+        f.seek(0)
+        if not gz:
+            return f.read(limit + 1)
+        try:
+            with gzip.open(f) as g:
+                return g.read(limit + 1)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise BrokenGzip(str(e)) from None
+
+
 def load(path: str | Path) -> dict:
-    """Read and validate a result document file (at most MAX_BYTES, UTF-8)."""
+    """Read and validate a result document file (at most MAX_BYTES, UTF-8; gzip-compressed or not)."""
     path = Path(path)
     try:
         if path.is_dir():
             raise TaxesError(one_line(f"{path}: cannot read it (a directory, not a result document)"))
         if path.stat().st_size > MAX_BYTES:
             raise TaxesError(one_line(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a result document"))
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)  # a file that grew since stat() is still bounded
+        raw = read_maybe_gzip(path, MAX_BYTES)  # a file that grew since stat(), or a gzip bomb, is still bounded
+    except BrokenGzip as e:
+        raise TaxesError(one_line(f"{path}: not a result document (a broken gzip file: {e})")) from None
     except OSError as e:
         raise TaxesError(one_line(f"{path}: cannot read it ({e.strerror or e})")) from None
     if len(raw) > MAX_BYTES:
-        raise TaxesError(one_line(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a result document"))
-    if raw[:2] == b"\x1f\x8b":  # gzip (save() writes it for a .gz name): bounded like the plain file
-        import gzip
-        import io
-
-        try:
-            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as g:
-                raw = g.read(MAX_BYTES + 1)
-        except (OSError, EOFError) as e:
-            raise TaxesError(one_line(f"{path}: not a result document (a broken gzip file: {e})")) from None
-        if len(raw) > MAX_BYTES:
-            raise TaxesError(one_line(f"{path}: more than {MAX_BYTES >> 20} MiB uncompressed; not a result document"))
+        raise TaxesError(one_line(f"{path}: more than {MAX_BYTES >> 20} MiB uncompressed; not a result document"))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
