@@ -9,27 +9,20 @@ import click
 from taxes.errors import TaxesError
 
 
-def _pct(x) -> str:
-    return "-" if x is None or x != x else f"{100 * x:+.1f}%"
-
-
 def _us(x) -> str:
     return "-" if x is None or x != x else f"{x:.1f}"
 
 
-def check_markdown(frame, summary, failing_only: bool = True) -> str:
+def check_markdown(frame, failing_only: bool = True) -> str:
     """A summary table per check, then the rows that fail (or all rows)."""
-    from taxes.reports.render import md_table
+    from taxes.reports.render import checks_summary_rows, md_table, pct
 
-    head = ["check", "limit", "holds", "worst error"]
-    rows = [[r.check, f"{100 * r.limit:.0f}%", f"{r.ok} of {r.of}", _pct(r.worst_error)]
-            for r in summary.itertuples()]
-    out = [md_table(head, rows), ""]
+    out = [md_table(*checks_summary_rows(frame)), ""]
     detail = frame[~frame["ok"]] if failing_only else frame
     if len(detail):
         out += ["Failing:" if failing_only else "All:", "",
                 md_table(["check", "workload", "shape", "variant", "where", "value us", "reference us", "error"],
-                         [[r.check, r.workload, r.shape, r.variant, r.where, _us(r.value), _us(r.reference), _pct(r.error)]
+                         [[r.check, r.workload, r.shape, r.variant, r.where, _us(r.value), _us(r.reference), pct(r.error)]
                           for r in detail.itertuples()]), ""]
     return "\n".join(out)
 
@@ -46,7 +39,7 @@ def check_cmd(results, hardware_name, show_all, strict):
     within 5%."""
     import pandas as pd
 
-    from taxes.checks import checks_frame, checks_summary
+    from taxes.checks import checks_frame
     from taxes.results import load
 
     frames = []
@@ -64,7 +57,6 @@ def check_cmd(results, hardware_name, show_all, strict):
     frame = pd.concat(frames, ignore_index=True) if frames else checks_frame({"cases": []})
     if frame.empty:
         raise TaxesError("no checks: the documents hold no attributed variants")
-    summary = checks_summary(frame)
-    click.echo(check_markdown(frame, summary, failing_only=not show_all))
+    click.echo(check_markdown(frame, failing_only=not show_all))
     if strict and not bool(frame["ok"].all()):
         raise SystemExit(1)

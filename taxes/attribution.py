@@ -40,6 +40,8 @@ import statistics
 from taxes.model import COMPONENTS, Floor
 from taxes.workloads import is_fused
 
+# each bulk-synchronous variant and its CUDA-graph twin (tp-mlp calls its rungs all-bsp and all-graph)
+GRAPH_OF = {"bsp": "bsp-graph", "all-bsp": "all-graph"}
 LABELS = {"ideal": "derived", "sync_wait": "derived", "exposed_transfer": "derived", "locality": "derived",
           "launch": "measured", "inefficiency": "derived", "unattributed": "derived"}
 

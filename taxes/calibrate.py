@@ -7,7 +7,7 @@ with synthetic readings, and the Triton kernels run under the interpreter too.
 
 What is measured (every time in us, every rate per second, medians of repeated readings):
 - matmul: torch.matmul 8192^3 in bf16 and fp16, and in bf16 at three more shapes like the workloads'
-  per-rank GEMMs (MATMUL_SHAPES: a rate can differ by shape, more so at the power limit); our persistent
+  per-rank GEMMs (matmul_shapes: a rate can differ by shape, more so at the power limit); our persistent
   Triton GEMM (kernels/ag_gemm.py) at 8192^3, checked against torch first.
 - hbm: a 1 GiB device-to-device copy (bytes read + written), and a Triton kernel that only reads 1 GiB
   (hbm_read_kernel, a few grid and block sizes; its sums checked exactly).
@@ -1073,11 +1073,13 @@ def hbm_read(x, grid_per_sm: int, block: int, plan: Plan, cycles_per_us: float) 
             "checked": checked}
 
 
-def _matmul_inputs(n: int, dtype, device, seed: int):
+def _matmul_inputs(n: int, dtype, device, seed: int, m: int | None = None, k: int | None = None):
+    """A (m x k), W (k x n) scaled by 1/sqrt(k), and an output (m x n); m and k default to n (square)."""
+    m, k = m or n, k or n
     g = torch.Generator(device=device).manual_seed(seed)
-    a = torch.randn(n, n, generator=g, device=device).to(dtype)
-    w = (torch.randn(n, n, generator=g, device=device) / n ** 0.5).to(dtype)
-    return a, w, torch.empty(n, n, dtype=dtype, device=device)
+    a = torch.randn(m, k, generator=g, device=device).to(dtype)
+    w = (torch.randn(k, n, generator=g, device=device) / k ** 0.5).to(dtype)
+    return a, w, torch.empty(m, n, dtype=dtype, device=device)
 
 
 def matmul_shapes(n: int) -> list[tuple[int, int, int]]:
@@ -1093,10 +1095,7 @@ def measure_matmul(ctx, plan: Plan, cycles_per_us: float) -> dict:
         out[f"torch_{name}_us"] = _time_torch_matmul(n, dtype, ctx, plan, cycles_per_us)
     out["bf16_shapes"] = []
     for m, nn, k in matmul_shapes(n):
-        g = torch.Generator(device=ctx.device).manual_seed(11 + ctx.rank)
-        a = torch.randn(m, k, generator=g, device=ctx.device).to(torch.bfloat16)
-        w = (torch.randn(k, nn, generator=g, device=ctx.device) / k ** 0.5).to(torch.bfloat16)
-        c = torch.empty(m, nn, dtype=torch.bfloat16, device=ctx.device)
+        a, w, c = _matmul_inputs(nn, torch.bfloat16, ctx.device, 11 + ctx.rank, m=m, k=k)
         for _ in range(plan.warmup):
             torch.matmul(a, w, out=c)
         us = device_calls_us(lambda: torch.matmul(a, w, out=c), plan.matmul_reps, cycles_per_us)[0]

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from taxes.attribution import GRAPH_OF
+
 LIMITS = {"unattributed": 0.05, "instrumented": 0.02, "launch": 0.20, "profiler": 0.05}
 COLUMNS = ["check", "workload", "shape", "variant", "where", "value", "reference", "error", "limit", "ok"]
-GRAPH_OF = {"bsp": "bsp-graph", "all-bsp": "all-graph"}
 
 
 def _shape(case: dict) -> str:

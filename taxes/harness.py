@@ -157,7 +157,7 @@ def time_phases(ctx, phases_of, input_sets: list, iters: int, warmup: int, label
         if on_gpu:
             torch.cuda.synchronize()
         ctx.barrier()
-        issued = []
+        issued = []  # eager on a GPU: the host clock when each phase's call returned
         shared = on_gpu and not graph  # phases share their boundary events
         with nvtx(f"{label} iter {i}", on_gpu):
             start.record()
@@ -170,7 +170,8 @@ def time_phases(ctx, phases_of, input_sets: list, iters: int, warmup: int, label
                         if not shared:
                             a.record()
                         thunk()
-                        issued.append((time.perf_counter() - h0) * 1e6)
+                        if shared:
+                            issued.append((time.perf_counter() - h0) * 1e6)
                         b.record()
             if not shared:
                 end.record()
@@ -179,9 +180,8 @@ def time_phases(ctx, phases_of, input_sets: list, iters: int, warmup: int, label
         rec = {"e2e_us": start.elapsed_us(end),
                "phases": [{"name": name, "role": role, "start_us": start.elapsed_us(a), "end_us": start.elapsed_us(b)}
                           for (name, role, _), (a, b) in zip(steps, marks)]}
-        if issued and on_gpu:  # on emulated ranks the host clock is the phase clock: nothing to align
-            for ph, t in zip(rec["phases"], issued):
-                ph["issued_us"] = t
+        for ph, t in zip(rec["phases"], issued):  # none on emulated ranks: their host clock is the phase clock
+            ph["issued_us"] = t
         if after is not None:
             after(rec)
         if i >= warmup:

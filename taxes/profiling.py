@@ -326,7 +326,7 @@ def _ladder_timeline(case: dict) -> None:
     for k in ("bsp_timeline_launch_us", "graph_timeline_launch_us", "launch_instrumented_us"):
         lad.pop(k, None)
     att = {v["variant"]: v.get("attribution") or {} for v in case["variants"]}
-    for bsp, graph in (("bsp", "bsp-graph"), ("all-bsp", "all-graph")):
+    for bsp, graph in attribution.GRAPH_OF.items():
         b, g = att.get(bsp, {}), att.get(graph, {})
         if "launch_us" in lad and b.get("launch_us") is not None:
             lad["bsp_timeline_launch_us"] = b["launch_us"]

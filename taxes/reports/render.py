@@ -124,19 +124,30 @@ def ladder_rows(case: dict) -> tuple[list[str], list[list[str]]] | None:
     return ["ablation ladder", "us"], rows
 
 
+def pct(x) -> str:
+    """A signed fraction as a percentage; '-' for none."""
+    return "-" if x is None or x != x else f"{100 * x:+.1f}%"
+
+
+def checks_summary_rows(frame, title: str = "check") -> tuple[list[str], list[list[str]]]:
+    """One row per check of a taxes.checks frame: its limit, how many rows hold, the worst error."""
+    from taxes.checks import checks_summary
+
+    rows = [[r.check, f"{100 * r.limit:.0f}%", f"{r.ok} of {r.of}", pct(r.worst_error)]
+            for r in checks_summary(frame).itertuples()]
+    return [title, "limit", "holds", "worst error"], rows
+
+
 def checks_rows(doc: dict) -> tuple[list[str], list[list[str]]] | None:
     """The method's checks (taxes/checks.py) over the whole document: one row per check."""
     if doc["metadata"].get("kind") != "profile":
         return None
-    from taxes.checks import checks_frame, checks_summary
+    from taxes.checks import checks_frame
 
     frame = checks_frame(doc)
     if frame.empty:
         return None
-    rows = [[r.check, f"{100 * r.limit:.0f}%", f"{r.ok} of {r.of}",
-             "-" if r.worst_error is None or r.worst_error != r.worst_error else f"{100 * r.worst_error:+.1f}%"]
-            for r in checks_summary(frame).itertuples()]
-    return ["check (METHOD.md; taxes check lists every row)", "limit", "holds", "worst error"], rows
+    return checks_summary_rows(frame, "check (METHOD.md; taxes check lists every row)")
 
 
 def _meta_line(doc: dict) -> str:
