@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from taxes.errors import TaxesError
+from taxes.floor import Floor, floor_of
 from taxes.hardware import HardwareProfile
 from taxes.workloads import (
     BSP_VARIANTS,
@@ -54,29 +55,6 @@ class ModelOptions:
     push_producer_sms: int = 0  # SMs a push variant gives to producer CTAs (0: copy engine produces)
 
 
-@dataclass(frozen=True)
-class Floor:
-    """The no-tax floor of one rank, us: T_ideal = max(T_compute, T_hbm, T_link)."""
-
-    compute_us: float
-    hbm_us: float
-    link_us: float
-
-    @property
-    def work_us(self) -> float:
-        """The local work's floor: max(compute, HBM)."""
-        return max(self.compute_us, self.hbm_us)
-
-    @property
-    def ideal_us(self) -> float:
-        return max(self.work_us, self.link_us)
-
-    @property
-    def unhideable_link_us(self) -> float:
-        """Link time no schedule can hide behind local work."""
-        return self.ideal_us - self.work_us
-
-
 @dataclass
 class Step:
     """One kernel or collective as the model predicts it: duration = sum(parts)."""
@@ -115,13 +93,6 @@ class Prediction:
 
     def taxes_us(self) -> dict[str, float]:
         return {tax: math.fsum(self.components[c] for c in parts) for tax, parts in TAXES.items()}
-
-
-def floor_of(w: Workload, hw: HardwareProfile) -> Floor:
-    compute = w.flops() / hw.peak_flops(w.dtype) * 1e6
-    hbm = w.hbm_bytes() / hw.hbm_bytes_per_us()
-    link = w.link_bytes() / hw.inbound_bytes_per_us(w.world) + hw.link_latency_us if w.world > 1 else 0.0
-    return Floor(compute, hbm, link)
 
 
 # ---- building blocks, all in us ------------------------------------------------------------------

@@ -1,0 +1,134 @@
+"""One timeline per rank: what ran on the device and what the host did to launch it, on one clock.
+
+Both `taxes profile` (CUPTI activity records while our variants run) and `taxes analyze` (Kineto traces of
+any program) fill the same record, and one attribution (taxes.attribute) reads it. Times are
+microseconds on the rank's clock (CUPTI's timestamps, or the trace's); ranks of one host share it.
+
+    activities  device work, one row each (ACTIVITY_COLUMNS):
+                name; kind (kernel | memcpy | memset); stream; start_us, end_us; correlation (of the host
+                call that launched it: a launch, or the graph launch that replayed it); graph (that graph
+                launch's correlation, -1 when launched eagerly); comm (the rule that made it
+                communication, "" for compute); collective (an instance key "group:seq" or "");
+                phase (the step of a profiled variant it belongs to, or ""); floor_us (the kernel's own
+                floor, NaN when unknown); wait_us (time it spent waiting on peers, measured inside it,
+                0 when not traced); step (the window it was launched in; -1: the window its start falls in).
+    launches    host API calls (LAUNCH_COLUMNS): name, kind (launch | graph | sync | other), start_us,
+                end_us, correlation, tid. A launch's end is when the call returned.
+    host        host ranges (HOST_COLUMNS): name, kind, start_us, end_us, tid. kind "call" marks a call
+                that launches device work (a profiled step, a top-level CPU op): the time inside it
+                before its launch returned is the launch path. Other kinds name what the host was busy
+                with instead: compile, data (a data loader), python.
+    windows     the analysed intervals (WINDOW_COLUMNS): step, start_us, end_us, and for profiled
+                iterations e2e_us (the iteration's end-to-end time from device events, which the window
+                spans). Only activities launched inside a window belong to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+ACTIVITY_COLUMNS = ("name", "kind", "stream", "start_us", "end_us", "correlation", "graph", "comm", "collective",
+                    "phase", "floor_us", "wait_us", "step")
+LAUNCH_COLUMNS = ("name", "kind", "start_us", "end_us", "correlation", "tid")
+HOST_COLUMNS = ("name", "kind", "start_us", "end_us", "tid")
+WINDOW_COLUMNS = ("step", "start_us", "end_us")
+_ACTIVITY_DEFAULTS = {"kind": "kernel", "stream": 0, "correlation": -1, "graph": -1, "comm": "", "collective": "",
+                      "phase": "", "floor_us": np.nan, "wait_us": 0.0, "step": -1}
+
+
+@dataclass
+class Timeline:
+    """One rank's record (see the module docstring for the columns)."""
+
+    rank: int
+    activities: pd.DataFrame
+    launches: pd.DataFrame
+    host: pd.DataFrame
+    windows: pd.DataFrame
+    meta: dict = field(default_factory=dict)  # device name, clock, source ("cupti", "torch.profiler", "trace")
+
+
+def frame(rows, columns, defaults: dict | None = None) -> pd.DataFrame:
+    """A frame with exactly `columns` from dict rows (or a frame); missing columns take their defaults."""
+    df = pd.DataFrame(rows if rows is not None else [])
+    for c in columns:
+        d = (defaults or {}).get(c, np.nan)
+        if c not in df.columns:
+            df[c] = d
+        elif not (isinstance(d, float) and np.isnan(d)):
+            df[c] = df[c].fillna(d)
+    return df[list(columns)].reset_index(drop=True)
+
+
+def timeline(rank: int, activities, launches=None, host=None, windows=None, meta: dict | None = None) -> Timeline:
+    """Build a Timeline from rows (lists of dicts or frames), filling unset columns with their defaults."""
+    acts = frame(activities, ACTIVITY_COLUMNS, _ACTIVITY_DEFAULTS)
+    acts = acts.astype({"start_us": float, "end_us": float, "floor_us": float, "wait_us": float})
+    acts = acts.sort_values(["start_us", "end_us"], kind="stable").reset_index(drop=True)
+    return Timeline(rank, acts, frame(launches, LAUNCH_COLUMNS, {"kind": "launch", "tid": 0}),
+                    frame(host, HOST_COLUMNS, {"tid": 0}), frame(windows, WINDOW_COLUMNS), dict(meta or {}))
+
+
+# ---- intervals ------------------------------------------------------------------------------------
+
+
+def merge(starts, ends) -> tuple[np.ndarray, np.ndarray]:
+    """The union of [start, end) intervals as sorted, disjoint (starts, ends)."""
+    s = np.asarray(starts, dtype=float)
+    e = np.asarray(ends, dtype=float)
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if s.size == 0:
+        return s, e
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    run_end = np.maximum.accumulate(e)
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > run_end[:-1]
+    idx = np.flatnonzero(new)
+    return s[idx], np.maximum.reduceat(e, idx)
+
+
+def measure(merged: tuple[np.ndarray, np.ndarray], lo: float, hi: float) -> float:
+    """Length of the union `merged` inside [lo, hi)."""
+    s, e = merged
+    if s.size == 0 or hi <= lo:
+        return 0.0
+    return float(np.clip(np.minimum(e, hi) - np.maximum(s, lo), 0.0, None).sum())
+
+
+def covered(merged: tuple[np.ndarray, np.ndarray], lo, hi) -> np.ndarray:
+    """Vectorised measure: for arrays lo, hi, the length of the union inside each [lo_i, hi_i)."""
+    s, e = merged
+    lo = np.asarray(lo, dtype=float)
+    hi = np.asarray(hi, dtype=float)
+    if s.size == 0:
+        return np.zeros(lo.shape)
+    cum = np.concatenate([[0.0], np.cumsum(e - s)])
+
+    def upto(t):  # union length in (-inf, t)
+        i = np.searchsorted(s, t, side="right")  # intervals starting at or before t
+        j = np.maximum(i - 1, 0)
+        part = np.where(i > 0, np.clip(np.minimum(e[j], t) - s[j], 0.0, None), 0.0)
+        return cum[j] + part
+
+    return np.clip(upto(np.maximum(hi, lo)) - upto(lo), 0.0, None)
+
+
+def union(*merged: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    return merge(np.concatenate([m[0] for m in merged]), np.concatenate([m[1] for m in merged]))
+
+
+def gaps(merged: tuple[np.ndarray, np.ndarray], lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+    """The parts of [lo, hi) not covered by `merged`, as (starts, ends)."""
+    s, e = merged
+    keep = (e > lo) & (s < hi)
+    s, e = np.clip(s[keep], lo, hi), np.clip(e[keep], lo, hi)
+    a = np.concatenate([[lo], e])
+    b = np.concatenate([s, [hi]])
+    ok = b > a
+    return a[ok], b[ok]
