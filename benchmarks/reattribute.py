@@ -11,7 +11,7 @@ from pathlib import Path
 import _checkout  # noqa: F401
 
 from taxes.hardware import load_profile_file  # noqa: E402
-from taxes.profiling import reattribute  # noqa: E402
+from taxes.document import reattribute  # noqa: E402
 from taxes.reports.render import render_html, render_markdown  # noqa: E402
 from taxes.results import load, save, write_atomic  # noqa: E402
 

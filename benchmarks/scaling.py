@@ -16,7 +16,7 @@ re-attributed with it (as `taxes validate` does), so both sides share the same f
 Writes OUT/model_w{2,4,8}.json (predictions at the benchmark shapes; metadata.hardware_file names the
 profile used), OUT/scaling.png and prints a Markdown table: per shape, variant and GPU count, E2E and the
 three taxes, measured (m) and predicted (p). A measured variant is compared with the model variant
-taxes.cases.MODEL_OF maps it to (as in `taxes validate`); one with none (torch-async-tp) is left out.
+taxes.variants' table maps it to (as in `taxes validate`); one with none (torch-async-tp) is left out.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import _checkout  # noqa: F401
 
-from taxes.cases import MODEL_OF  # noqa: E402
+from taxes.variants import lookup  # noqa: E402
 from taxes.hardware import get_profile  # noqa: E402
 from taxes.model import TAXES, predict_all  # noqa: E402
-from taxes.profiling import reattribute  # noqa: E402
+from taxes.document import reattribute  # noqa: E402
 from taxes.results import load, model_document, save  # noqa: E402
 from taxes.workloads import make_workload  # noqa: E402
 
@@ -99,7 +99,7 @@ def load_measured(paths: list[str], profiles: dict[int, str]) -> dict:
 
 def predicted_for(pred: dict, wl: str, key: tuple, p: int, variant: str) -> dict | None:
     """The prediction a measured variant is compared with (the model variant MODEL_OF maps it to)."""
-    return pred.get((wl, key, p, MODEL_OF.get(variant, variant)))
+    return pred.get((wl, key, p, _model_of(variant)))
 
 
 def stack(ax, x: float, row: dict, hatch: str | None) -> None:
@@ -138,7 +138,7 @@ def plot_panel(ax, wl: str, shape: dict, variants: tuple[str, str], pred: dict, 
         x += 1
     ax.set_xticks(ticks, labels, fontsize=7)
     ax.set_ylabel("taxes per iteration (us)")
-    model = MODEL_OF.get(variants[1], variants[1])
+    model = _model_of(variants[1])
     note = f" (its p bars: the model's {model})" if model != variants[1] else ""
     ax.set_title(f"{wl} " + ", ".join(f"{k}={v}" for k, v in shape.items()) + f"\n{variants[0]} and {variants[1]}{note}",
                  fontsize=9)
@@ -164,7 +164,7 @@ def plot(pred: dict, meas: dict, path: Path) -> None:
 def table(pred: dict, meas: dict) -> list[str]:
     """Markdown rows: every predicted shape, and each measured variant the model maps at it."""
     shapes = {(wl, key) for wl, key, _, _ in pred}
-    keys = set(pred) | {k for k in meas if (k[0], k[1]) in shapes and k[3] in MODEL_OF}
+    keys = set(pred) | {k for k in meas if (k[0], k[1]) in shapes and _model_of(k[3]) is not None}
     f = lambda d, k: f"{d[k]:,.1f}" if d and k in d else "-"  # noqa: E731
     lines = ["| workload | shape | variant | GPUs | E2E m | E2E p | bulk-sync m | bulk-sync p | locality m | "
              "locality p | launch m | launch p |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -201,3 +201,8 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _model_of(variant: str) -> str | None:
+    v = lookup(variant)
+    return v.model if v else None

@@ -1,6 +1,7 @@
 """`taxes check`: does a measured result document meet the method's own checks (taxes/checks.py)?
-Registered in cli/main.py. Exit 0 when every check holds or without --strict; 1 with --strict when any
-fails (a CI gate on measuring itself), 2 on bad input."""
+Registered in cli/main.py. Exit 0 when every check holds, 1 when any fails (a CI gate on measuring itself);
+--strict also fails documents made from a dirty checkout or whose measured variants have no rows; 2 on bad
+input."""
 
 from __future__ import annotations
 
@@ -32,17 +33,17 @@ def check_markdown(frame, failing_only: bool = True) -> str:
 @click.option("--hardware", "hardware_name", default=None,
               help="Re-attribute the documents with this hardware profile first (measured times stay).")
 @click.option("--all", "show_all", is_flag=True, help="List every row, not only the failing ones.")
-@click.option("--strict", is_flag=True, help="Exit 1 if any check fails.")
+@click.option("--strict", is_flag=True, help="Also fail documents from a dirty checkout or without rows.")
 def check_cmd(results, hardware_name, show_all, strict):
-    """The method's checks on measured result documents: unattributed < 5% of E2E, instrumented E2E within
-    2% of plain, the launch tax of the timeline and of the ladder within 20%, events against torch.profiler
-    within 5%."""
+    """The method's checks on measured result documents: the rows add up to the E2E above them (0.1%),
+    measuring cost at most 3% of plain E2E, unattributed within 5% of E2E, and launch + host_bound of the
+    timeline against the E2E ladder bsp - graph within 20%. Exit 1 when any fails."""
     import pandas as pd
 
-    from taxes.checks import checks_frame
+    from taxes.checks import checks_frame, provenance_problems
     from taxes.results import load
 
-    frames = []
+    frames, problems = [], []
     for path in results:
         doc = load(path)
         if doc["metadata"].get("kind") != "profile":
@@ -50,13 +51,18 @@ def check_cmd(results, hardware_name, show_all, strict):
                              f"{doc['metadata'].get('kind')}")
         if hardware_name:
             from taxes.hardware import get_profile
-            from taxes.profiling import reattribute
+            from taxes.document import reattribute
 
             doc = reattribute(doc, get_profile(hardware_name))
         frames.append(checks_frame(doc))
+        problems += [f"{path}: {p}" for p in provenance_problems(doc)]
     frame = pd.concat(frames, ignore_index=True) if frames else checks_frame({"cases": []})
-    if frame.empty:
+    if frame.empty and not strict:
         raise TaxesError("no checks: the documents hold no attributed variants")
-    click.echo(check_markdown(frame, failing_only=not show_all))
-    if strict and not bool(frame["ok"].all()):
+    if not frame.empty:
+        click.echo(check_markdown(frame, failing_only=not show_all))
+    if strict:
+        for p in problems:
+            click.echo(f"strict: {p}")
+    if not bool(frame["ok"].all()) or (strict and problems):
         raise SystemExit(1)

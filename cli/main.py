@@ -351,7 +351,7 @@ def report(result, fmt, output, force, hardware_name):
         if doc["metadata"]["kind"] != "profile":
             raise TaxesError(f"{result}: --hardware re-attributes measured documents; this one is a {doc['metadata']['kind']}")
         from taxes.hardware import get_profile
-        from taxes.profiling import reattribute
+        from taxes.document import reattribute
 
         doc = reattribute(doc, get_profile(hardware_name))
     if fmt == "json":

@@ -78,14 +78,16 @@ def _write(doc: dict, output: str | None, force: bool) -> str | None:
 @click.option("--hardware", "hardware_name", default="h200-sxm", show_default=True,
               help="profile for the floor and the model: a built-in, a saved calibration, or a JSON path")
 @click.option("--emulate", is_flag=True, help="CPU: run the kernels under Triton's interpreter (logic only)")
-@click.option("--trace", "trace_dir", default=None, help="also write a torch.profiler Chrome trace per rank here")
+@click.option("--clock", type=click.Choice(["auto", "cupti", "torch.profiler", "both"]), default="auto", show_default=True,
+              help="per-kernel clock of the instrumented iterations: cupti-python, torch.profiler, or both (the "
+                   "cheaper kept per variant); auto: cupti-python when installed")
 @click.option("--wait-s", type=float, default=5.0, show_default=True, help="budget of every in-kernel wait")
 @click.option("--timeout-s", type=float, default=600.0, show_default=True, help="the whole run's time limit")
 @click.option("--config", "config_text", default="", help="fused kernels' configuration overrides, e.g. block_n=128,copiers=16")
 @click.option("-o", "--output", default=None, help="result document path, or a directory to add a new one to")
 @click.option("--force", is_flag=True, help="overwrite an existing -o file")
 @click.option("--format", "fmt", type=click.Choice(["table", "md", "json", "html"]), default="table", show_default=True)
-def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, hardware_name, emulate, trace_dir,
+def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, hardware_name, emulate, clock,
                 wait_s, timeout_s, config_text, output, force, fmt):
     """Run every variant of WORKLOAD on this node's GPUs and split each one's time into the three taxes."""
     from taxes.hardware import get_profile
@@ -98,7 +100,7 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, 
     if not emulate:
         gpus = _preflight(gpus, emulate)
     job = plan(workload, list(shapes) or None, gpus, [v for v in variants.split(",") if v] or None, dtype, iters,
-               warmup, emulate, trace_dir, wait_s, True, config, rounds)
+               warmup, emulate, wait_s, True, config, rounds, clock)
     if emulate:
         _preflight(gpus, emulate)
         click.echo("taxes: --emulate runs the kernels under Triton's interpreter: correctness only, "
@@ -152,7 +154,9 @@ VALIDATE_GRID = {
 
 
 def validation_rows(docs: list[dict]) -> list[dict]:
-    """Per case and variant: predicted and measured E2E and each tax, with signed errors (percent of measured)."""
+    """Per case and variant: predicted and measured E2E (interquartile means; older documents: medians) and
+    each tax, with signed errors (percent of measured). A measured launch tax is the launch and host-bound
+    rows together: the model's launch cost is the host's whole launch path."""
     from taxes.model import TAXES
 
     rows = []
@@ -160,19 +164,72 @@ def validation_rows(docs: list[dict]) -> list[dict]:
         for case in doc["cases"]:
             for v in case["variants"]:
                 pred = v.get("prediction")
-                med = v["e2e_us"]["median"]
-                if not pred or med is None:
+                med = v.get("plain_e2e_us") or v["e2e_us"].get("median")
+                if not pred or not med:
                     continue
                 overall = {c["name"]: c["value_us"] for c in v["components"] if c["rank"] is None}
                 row = {"workload": case["workload"], "shape": ",".join(f"{k}={x}" for k, x in case["shape"].items()),
                        "variant": v["variant"], "measured_e2e_us": med, "predicted_e2e_us": pred["e2e_us"],
                        "e2e_error_pct": 100 * (pred["e2e_us"] - med) / med}
                 for tax, parts in TAXES.items():
+                    measured_parts = parts + (("host_bound",) if "launch" in parts else ())
                     if overall:
-                        row[f"measured_{tax}_us"] = math.fsum(overall.get(c, 0.0) for c in parts)
-                    row[f"predicted_{tax}_us"] = math.fsum(pred["components"].get(c, 0.0) for c in parts)
+                        m = math.fsum(overall.get(c, 0.0) for c in measured_parts)
+                        row[f"measured_{tax}_us"] = m
+                    p = math.fsum(pred["components"].get(c, 0.0) for c in parts)
+                    row[f"predicted_{tax}_us"] = p
+                    if overall and m > 0:
+                        row[f"{tax}_error_pct"] = 100 * (p - m) / m
                 rows.append(row)
     return rows
+
+
+def gpu_kind(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100': the name of a GPU kind in file names."""
+    import re
+
+    for kind in ("H100", "H200", "H800", "H20", "A100", "B200", "B100", "GB200", "MI300X", "MI325X", "L40S"):
+        if kind in name.upper().replace(" ", ""):
+            return kind.lower()
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:32] or "gpu"
+
+
+def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | None, timeout_s: float) -> tuple[list, str]:
+    """Measure every planted case on `gpus` ranks; returns (rows, the file they were written to)."""
+    import json
+
+    from taxes.kernels.runtime import launch
+    from taxes.planted import known_answers, rank_cases
+    from taxes.results import collect_metadata, write_atomic
+
+    world = _preflight(gpus, emulate)
+    opts = {"clock": _clock_name(clock, emulate), "iters": iters, "warmup": 3}
+    results = launch(rank_cases, world, opts, backend="emulated" if emulate else "cuda", timeout_s=timeout_s)
+    if not results or results[0] is None:
+        return [], ""
+    rows = known_answers(results)
+    gpu = "emulated" if emulate else gpu_kind(_gpu_name())
+    path = output or os.path.join("reports", "known_answer", f"{gpu}-x{world}.json")
+    meta = collect_metadata("known-answer", world, gpu, clock=opts["clock"], iterations=iters)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    write_atomic(path, json.dumps({"metadata": meta, "rows": rows}, indent=1) + "\n")
+    return rows, path
+
+
+def _clock_name(clock: str, emulate: bool) -> str:
+    if emulate:
+        return "host"
+    if clock in ("cupti", "torch.profiler"):
+        return clock
+    from taxes.cupti import available
+
+    return "cupti" if available() is None else "torch.profiler"
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0)
 
 
 @click.command("validate")
@@ -184,12 +241,35 @@ def validation_rows(docs: list[dict]) -> list[dict]:
 @click.option("--from", "from_docs", multiple=True, help="validate existing result documents instead of running")
 @click.option("-o", "--output", default=None, help="directory for the result documents and validation.json")
 @click.option("--timeout-s", type=float, default=560.0, show_default=True)
-def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, output, timeout_s):
-    """Predicted against measured E2E and taxes over a grid of shapes: signed error per case, then MAPE."""
+@click.option("--planted", is_flag=True, help="known answers instead: run workloads with taxes planted on purpose "
+              "and check the attribution recovers each (rows to reports/known_answer/GPU-xWORLD.json, or -o FILE)")
+@click.option("--clock", type=click.Choice(["auto", "cupti", "torch.profiler"]), default="auto", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, output, timeout_s, planted, clock, fmt):
+    """Predicted against measured E2E and taxes over a grid of shapes: signed error per case, then MAPE.
+    With --planted: the attribution against taxes of known size."""
     import json
 
+    if planted:
+        rows, path = run_planted(gpus, emulate, iters, clock, output, timeout_s)
+        if fmt == "json":
+            click.echo(json.dumps(rows, indent=1))
+        else:
+            from taxes.planted import summary
+
+            click.echo(f"{'tax':<12}{'case':<44}{'planted':>10}{'recovered':>11}{'error':>8}  ok")
+            for r in rows:
+                err = f"{r['error_pct']:+.1f}%" if r["error_pct"] is not None else "-"
+                click.echo(f"{r['tax']:<12}{r['case'][:43]:<44}{r['planted_us']:>10.1f}{r['recovered_us']:>11.1f}"
+                           f"{err:>8}  {'yes' if r['ok'] else 'NO'}")
+            click.echo(summary(rows))
+        if path:
+            click.echo(f"wrote {path}", err=True)
+        return
+
     from taxes.hardware import get_profile
-    from taxes.profiling import profile, reattribute
+    from taxes.document import reattribute
+    from taxes.profiling import profile
     from taxes.results import load, write_atomic
 
     hw = get_profile(hardware_name)

@@ -13,20 +13,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from taxes.workloads import TP_MLP_FUSED, TP_MLP_VARIANTS, AgGemm, FlashDecode, GemmRs, TpMlp, Workload
+from taxes.workloads import TP_MLP_FUSED, AgGemm, FlashDecode, GemmRs, TpMlp, Workload
 
 L2_BYTES = 60 << 20  # H100/H200 L2 is 50-60 MiB: three times that rotates out of it
 TOLERANCE = 1e-2
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-VARIANTS = {
-    "ag-gemm": ("bsp", "bsp-graph", "fused-pull", "fused-push", "fused-push-graph", "torch-async-tp"),
-    "flash-decode": ("bsp", "bsp-graph", "fused-push", "fused-push-graph"),
-    "gemm-rs": ("bsp", "bsp-graph", "fused-push", "fused-push-graph", "torch-fused-rs"),
-    "tp-mlp": TP_MLP_VARIANTS,
-}
-# the model variant whose prediction (and intermediate bytes) a measured variant is compared with
-MODEL_OF = {"bsp": "bsp", "bsp-graph": "bsp-graph", "fused-pull": "fused-pull", "fused-push": "fused-push",
-            "fused-push-graph": "fused-push-graph"} | {v: v for v in TP_MLP_VARIANTS}
 @dataclass
 class Case:
     inputs: list[tuple]  # input sets; run(*inputs[i]) writes the set's last tensor (the output)

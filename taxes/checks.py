@@ -1,29 +1,25 @@
-"""The measurement's own checks (../shared/METHOD.md, issue 5): does a result document meet them?
+"""The measurement's own checks: does a result document meet them? (docs/method.md)
 
-Functions from a result document to a pandas DataFrame, one row per check and case (and variant or
-phase), with the measured value, the limit and whether it holds. Nothing here measures: every value is
-read or derived from what the document stores, so the checks of a committed document can be redone on
+Functions from a result document to a pandas DataFrame, one row per check and case (and variant), with the
+value, the reference, the signed error, the limit and whether it holds. Nothing here measures: every value
+is read or derived from what the document stores, so the checks of a committed document can be redone on
 any machine.
 
-- unattributed: |unattributed| / E2E of the overall (slowest) rank, per variant; limit 5%.
-- instrumented: (instrumented E2E - plain E2E) / plain E2E (medians), per variant; limit 2% either way.
-- launch: the launch tax the ablation ladder removes, E2E(bsp) - E2E(bsp-graph), against the timeline's,
-  launch(bsp) - launch(bsp-graph) (the graph's residual gaps are what a graph cannot remove, METHOD.md),
-  per case; limit 20% of the ladder's. Both from the same runs: the timeline exists only in the
-  instrumented ones, whose event records are host time between eager launches that the plain runs
-  lack (the instrumented check measures that), so the ladder here is of instrumented E2E medians; the
-  plain runs' ladder is shown beside it. A ladder <= 0 (the graph no faster) fails.
-- profiler: per eager phase and rank, the device events' busy time (the phase less its host-bound part)
-  against the span of the kernels CUPTI recorded for it in the same iterations; limit 5% of CUPTI's.
+- closure: the overall rows add up to attributed_e2e_us (the E2E printed above them); limit 0.1%.
+- measurement: measurement cost / plain E2E (interquartile means); limit 3% (over it: perturbed).
+- unattributed: unattributed / attributed E2E, with its sign; limit 5% either way. A miss is a finding
+  about the method, never a reason to move time into a tax.
+- ladder: per bsp variant and its graph twin, launch + host_bound from the timeline (bsp minus graph)
+  against the plain E2E ladder (bsp minus graph); limit 20% of the ladder's. A ladder <= 0 fails.
 """
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
-from taxes.attribution import GRAPH_OF
-
-LIMITS = {"unattributed": 0.05, "instrumented": 0.02, "launch": 0.20, "profiler": 0.05}
+LIMITS = {"closure": 0.001, "measurement": 0.03, "unattributed": 0.05, "ladder": 0.20}
 COLUMNS = ["check", "workload", "shape", "variant", "where", "value", "reference", "error", "limit", "ok"]
 
 
@@ -35,11 +31,11 @@ def _overall(var: dict) -> dict:
     return {c["name"]: c["value_us"] for c in var.get("components", []) if c["rank"] is None}
 
 
-def _row(check, case, variant, where, value, reference, error) -> dict:
+def _row(check, case, variant, where, value, reference, error, signed: bool = True) -> dict:
     limit = LIMITS[check]
+    ok = error is not None and math.isfinite(error) and (abs(error) <= limit if signed else error <= limit)
     return {"check": check, "workload": case["workload"], "shape": _shape(case), "variant": variant, "where": where,
-            "value": value, "reference": reference, "error": error, "limit": limit,
-            "ok": error is not None and abs(error) <= limit}
+            "value": value, "reference": reference, "error": error, "limit": limit, "ok": bool(ok)}
 
 
 def case_checks(case: dict) -> list[dict]:
@@ -47,36 +43,25 @@ def case_checks(case: dict) -> list[dict]:
     by_name = {v["variant"]: v for v in case["variants"]}
     for v in case["variants"]:
         att = v.get("attribution") or {}
-        med = v["e2e_us"].get("median")
-        if not att or not med:
+        e2e = v.get("attributed_e2e_us")
+        if not att.get("available") or not e2e:
             continue
         oc = _overall(v)
-        # reference: the E2E the overall components add up to (the instrumented runs' mean)
-        rows.append(_row("unattributed", case, v["variant"], "overall", oc.get("unattributed"), sum(oc.values()),
-                         att.get("unattributed_share")))
-        ins = att.get("instrumented_e2e_us")
-        if ins is not None:
-            rows.append(_row("instrumented", case, v["variant"], "E2E", ins, med, ins / med - 1))
-    for bsp, graph in GRAPH_OF.items():
-        b, g = by_name.get(bsp), by_name.get(graph)
-        if not (b and g and b.get("attribution") and g.get("attribution")):
+        total = math.fsum(oc.values())
+        rows.append(_row("closure", case, v["variant"], "overall rows", total, e2e, total / e2e - 1))
+        plain, cost = v.get("plain_e2e_us"), v.get("measurement_cost_us")
+        if plain and cost is not None:
+            rows.append(_row("measurement", case, v["variant"], f"clock {att.get('clock')}", e2e, plain, cost / plain,
+                             signed=False))
+        rows.append(_row("unattributed", case, v["variant"], "overall", oc.get("unattributed"), e2e,
+                         oc.get("unattributed", 0.0) / e2e))
+    for pair in ((case.get("extra") or {}).get("ladder") or {}).get("pairs", []):
+        if "timeline_us" not in pair:
             continue
-        ib, ig = b["attribution"].get("instrumented_e2e_us"), g["attribution"].get("instrumented_e2e_us")
-        if ib is None or ig is None:
-            continue
-        ladder = ib - ig  # the same (instrumented) runs the timeline comes from
-        plain = b["e2e_us"]["median"] - g["e2e_us"]["median"]
-        timeline = _overall(b).get("launch", 0.0) - _overall(g).get("launch", 0.0)
+        ladder, timeline = pair["plain_us"], pair["timeline_us"]
         err = (timeline - ladder) / ladder if ladder > 0 else None
-        rows.append(_row("launch", case, bsp, f"{bsp} - {graph} (plain runs' ladder {plain:.1f} us)", timeline,
+        rows.append(_row("ladder", case, pair["bsp"], f"{pair['bsp']} - {pair['graph']}: launch + host_bound", timeline,
                          ladder, err))
-    for r, per_variant in enumerate((case.get("extra") or {}).get("profiler_check") or []):
-        for variant, phases in per_variant.items():
-            for phase, d in phases.items():
-                ev = d.get("events_busy_us", d["events_us"])
-                cupti = d["cupti_us"]
-                rows.append(_row("profiler", case, variant, f"rank {r} {phase}", ev, cupti,
-                                 (ev - cupti) / cupti if cupti > 0 else None))
     return rows
 
 
@@ -95,3 +80,17 @@ def checks_summary(frame: pd.DataFrame) -> pd.DataFrame:
         out.append({"check": check, "limit": LIMITS[check], "ok": int(grp["ok"].sum()), "of": len(grp),
                     "worst_error": worst})
     return pd.DataFrame(out, columns=["check", "limit", "ok", "of", "worst_error"])
+
+
+def provenance_problems(doc: dict) -> list[str]:
+    """What makes a document unfit for --strict: a dirty tree, or measured variants without rows."""
+    meta = doc.get("metadata", {})
+    out = []
+    if meta.get("git_dirty"):
+        out.append("made from a checkout with uncommitted changes")
+    if meta.get("kind") == "profile" and meta.get("source") != "trace":
+        missing = [v["variant"] for c in doc["cases"] for v in c["variants"]
+                   if v.get("samples_us") and not (v.get("attribution") or {}).get("available")]
+        if missing:
+            out.append(f"{len(missing)} variant(s) without rows ({', '.join(sorted(set(missing))[:4])})")
+    return out

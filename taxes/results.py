@@ -35,6 +35,7 @@ import pandas as pd
 
 import taxes
 from taxes.errors import TaxesError
+from taxes.attribute import ROWS
 from taxes.model import COMPONENTS, Prediction
 from taxes.workloads import WORKLOADS, shape_of
 
@@ -126,15 +127,44 @@ def case_entry(workload, variants: list[dict]) -> dict:
 
 
 def summarize_samples(samples_us: list[list[float]], label: str = "measured") -> dict:
-    """E2E per iteration is the slowest rank's time; report its median and 10th/90th percentiles."""
+    """E2E per iteration is the slowest rank's time; report its interquartile mean (the statistic every
+    view prints), median and 10th/90th percentiles."""
+    from taxes.attribute import iqm
+
     if len({len(s) for s in samples_us}) > 1:
         raise ValueError(f"ranks have different numbers of samples: {[len(s) for s in samples_us]}")
     per_iter = [max(vals) for vals in zip(*samples_us)] if samples_us else []
     if not per_iter:
-        return {"median": None, "p10": None, "p90": None, "n": 0, "label": label}
+        return {"iqm": None, "median": None, "p10": None, "p90": None, "n": 0, "label": label}
     s = pd.Series(per_iter, dtype=float)
-    return {"median": float(s.median()), "p10": float(s.quantile(0.1)), "p90": float(s.quantile(0.9)),
-            "n": len(per_iter), "label": label}
+    return {"iqm": iqm(per_iter), "median": float(s.median()), "p10": float(s.quantile(0.1)),
+            "p90": float(s.quantile(0.9)), "n": len(per_iter), "label": label}
+
+
+NO_ROWS = ("measured with per-phase CUDA events; its rows came from attribution rules since replaced, so none "
+           "are shown (its E2E and ratios stand; run `taxes profile` again to attribute it)")
+
+
+def upgrade(doc: dict) -> dict:
+    """A document measured before the one-timeline attribution keeps its E2E and ratios, and loses the rows
+    of the older rules: each measured variant says its rows are not available (NO_ROWS)."""
+    if doc.get("metadata", {}).get("kind") != "profile" or doc.get("metadata", {}).get("source") == "trace":
+        return doc
+    for case in doc.get("cases", []):
+        for v in case.get("variants", []):
+            if "attributed_e2e_us" in v or not v.get("samples_us"):
+                continue
+            v["e2e_us"] = summarize_samples(v["samples_us"], v["e2e_us"].get("label", "measured"))
+            for key in ("phased_us", "cta_timeline"):
+                v.pop(key, None)
+            v["components"], v["phases"] = [], []
+            v.update(plain_e2e_us=v["e2e_us"]["iqm"], attributed_e2e_us=None, measurement_cost_us=None)
+            v["attribution"] = {"available": False, "why": NO_ROWS}
+        extra = case.get("extra") or {}
+        extra.pop("profiler_check", None)
+        if "ladder" in extra:
+            extra["ladder"] = {k: extra["ladder"][k] for k in ("best_fused",) if k in extra["ladder"]}
+    return doc
 
 
 def prediction_entry(pred: Prediction) -> dict:
@@ -401,7 +431,7 @@ def load(path: str | Path) -> dict:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise TaxesError(one_line(f"{path}: not a result document (not UTF-8 text)")) from None
-    return loads(text, str(path))
+    return upgrade(loads(text, str(path)))
 
 
 def dumps(doc: dict) -> str:
@@ -544,7 +574,7 @@ def summary_frame(doc: dict) -> pd.DataFrame:
             rows.append({**_case_keys(case), "variant": var["variant"], "e2e_us": e2e["median"], "p10_us": e2e.get("p10"),
                          "p90_us": e2e.get("p90"), "n": e2e.get("n", 0), "label": e2e["label"],
                          "correct": corr.get("passed"), "rel_error": corr.get("rel_error"),
-                         **{c: overall.get(c) for c in COMPONENTS}})
+                         **{c: overall.get(c) for c in ROWS}})
     return pd.DataFrame(rows)
 
 

@@ -25,6 +25,8 @@ microseconds on the rank's clock (CUPTI's timestamps, or the trace's); ranks of 
 
 from __future__ import annotations
 
+import contextlib
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,7 +36,7 @@ ACTIVITY_COLUMNS = ("name", "kind", "stream", "start_us", "end_us", "correlation
                     "phase", "floor_us", "wait_us", "step")
 LAUNCH_COLUMNS = ("name", "kind", "start_us", "end_us", "correlation", "tid")
 HOST_COLUMNS = ("name", "kind", "start_us", "end_us", "tid")
-WINDOW_COLUMNS = ("step", "start_us", "end_us")
+WINDOW_COLUMNS = ("step", "start_us", "end_us", "e2e_us")
 _ACTIVITY_DEFAULTS = {"kind": "kernel", "stream": 0, "correlation": -1, "graph": -1, "comm": "", "collective": "",
                       "phase": "", "floor_us": np.nan, "wait_us": 0.0, "step": -1}
 
@@ -70,6 +72,69 @@ def timeline(rank: int, activities, launches=None, host=None, windows=None, meta
     acts = acts.sort_values(["start_us", "end_us"], kind="stable").reset_index(drop=True)
     return Timeline(rank, acts, frame(launches, LAUNCH_COLUMNS, {"kind": "launch", "tid": 0}),
                     frame(host, HOST_COLUMNS, {"tid": 0}), frame(windows, WINDOW_COLUMNS), dict(meta or {}))
+
+
+class HostStamps:
+    """A recorder's host ranges: stamps on its clock around each step (iteration) and each launching call
+    (kind "step" named "step N", kind "call" named after the call); now_us() is the recorder's clock."""
+
+    name = "stamps"
+
+    def __init__(self):
+        self.host: list = []
+
+    def now_us(self) -> float:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def step(self, i: int):
+        a = self.now_us()
+        try:
+            yield
+        finally:
+            self.host.append({"name": f"step {i}", "kind": "step", "start_us": a, "end_us": self.now_us()})
+
+    @contextlib.contextmanager
+    def call(self, name: str):
+        a = self.now_us()
+        try:
+            yield
+        finally:
+            self.host.append({"name": name, "kind": "call", "start_us": a, "end_us": self.now_us()})
+
+
+
+# ---- host calls ----------------------------------------------------------------------------------
+
+# The CUDA runtime and driver calls a timeline keeps, by what they do (names without version suffixes).
+LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cuLaunchKernel",
+                "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cudaMemcpyAsync", "cudaMemcpy2DAsync",
+                "cudaMemcpyPeerAsync", "cudaMemsetAsync", "cudaMemset2DAsync", "cuMemcpyAsync", "cuMemcpyDtoDAsync",
+                "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyPeerAsync", "cuMemsetD8Async", "cuMemsetD16Async",
+                "cuMemsetD32Async"}
+GRAPH_CALLS = {"cudaGraphLaunch", "cuGraphLaunch"}
+SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaThreadSynchronize",
+              "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cudaMemcpy", "cuMemcpy",
+              "cuMemcpyDtoH", "cuMemcpyHtoD"}
+
+
+def api_name(cbid_name: str) -> str:
+    """cupti-python's callback-id name -> the API's name: cudaLaunchKernel_ptsz_v7000 -> cudaLaunchKernel."""
+    name = re.sub(r"^_(runtime|driver)_api_trace_cbid__", "", cbid_name)
+    name = re.sub(r"_v\d+$", "", name)
+    return re.sub(r"_ptsz$|_ptds$", "", name)
+
+
+def api_kind(name: str) -> str | None:
+    """launch | graph | sync for the host calls a timeline needs (by API name); None for the rest."""
+    name = api_name(name)
+    if name in GRAPH_CALLS:
+        return "graph"
+    if name in SYNC_CALLS:
+        return "sync"
+    if name in LAUNCH_CALLS:
+        return "launch"
+    return None
 
 
 # ---- intervals ------------------------------------------------------------------------------------
@@ -132,3 +197,48 @@ def gaps(merged: tuple[np.ndarray, np.ndarray], lo: float, hi: float) -> tuple[n
     b = np.concatenate([s, [hi]])
     ok = b > a
     return a[ok], b[ok]
+
+
+# ---- stored form ----------------------------------------------------------------------------------
+
+_STORED = {"activities": ("name", "kind", "stream", "start_us", "end_us", "correlation", "graph", "comm", "collective",
+                          "phase", "step"),
+           "launches": ("name", "kind", "start_us", "end_us", "correlation", "tid"),
+           "host": ("name", "kind", "start_us", "end_us", "tid"),
+           "windows": ("step", "start_us", "end_us", "e2e_us")}
+
+
+def to_columns(tl: Timeline) -> dict:
+    """A Timeline as plain JSON columns (times in us from the first window's start, to the nanosecond), so
+    a result document can be attributed again later. Launches and host ranges keep only what the rules
+    read (launch, graph and sync calls; launching calls, steps, compile and data ranges)."""
+    base = float(tl.windows["start_us"].min()) if len(tl.windows) else 0.0
+    parts = {"activities": tl.activities, "launches": tl.launches[tl.launches["kind"].isin(("launch", "graph", "sync"))],
+             "host": tl.host[tl.host["kind"].isin(("call", "step", "compile", "data"))], "windows": tl.windows}
+    out = {"rank": tl.rank, "base_us": base, "meta": {k: v for k, v in tl.meta.items() if isinstance(v, (str, int, float))}}
+    for key, cols in _STORED.items():
+        f = parts[key]
+        col = {}
+        for c in cols:
+            v = f[c]
+            if c.endswith("_us"):
+                col[c] = [None if x != x else round(float(x) - (base if c != "e2e_us" else 0.0), 3) for x in v]
+            elif c in ("stream", "correlation", "graph", "step"):
+                col[c] = [int(x) for x in v]
+            else:
+                col[c] = [str(x) for x in v]
+        out[key] = col
+    return out
+
+
+def from_columns(d: dict) -> Timeline:
+    """The inverse of to_columns (times stay relative to the first window's start)."""
+    frames = {}
+    for key, cols in _STORED.items():
+        src = d.get(key) or {}
+        frames[key] = pd.DataFrame({c: src.get(c, []) for c in cols})
+        for c in cols:
+            if c.endswith("_us"):
+                frames[key][c] = frames[key][c].astype(float)
+    return timeline(int(d.get("rank", 0)), frames["activities"], frames["launches"], frames["host"],
+                    frames["windows"], d.get("meta"))

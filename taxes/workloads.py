@@ -105,6 +105,15 @@ class AgGemm:
         _check_variant(variant)
         return 2 if variant in BSP_VARIANTS else 1
 
+    def phase_work(self, variant: str) -> dict[str, tuple[float, float]]:
+        """Per compute phase of the variant as the kernels run it: (FLOPs, HBM bytes it reads and writes,
+        intermediates included)."""
+        e = self.elt
+        nl = self.N // self.world
+        if variant in BSP_VARIANTS:  # the GEMM reads the gathered A back
+            return {"matmul": (self.flops(), float((self.M * self.K + self.K * nl + self.M * nl) * e))}
+        return {"fused-gemm": (self.flops(), self.hbm_bytes() + self.intermediate_bytes(variant))}
+
 
 @dataclass(frozen=True)
 class GemmRs:
@@ -148,6 +157,13 @@ class GemmRs:
     def kernel_count(self, variant: str) -> int:
         _check_variant(variant)
         return 2 if variant in BSP_VARIANTS else 1
+
+    def phase_work(self, variant: str) -> dict[str, tuple[float, float]]:
+        """Per compute phase: (FLOPs, HBM bytes read and written, intermediates included)."""
+        e, kl = self.elt, self.K // self.world
+        if variant in BSP_VARIANTS:  # the GEMM writes the whole M x N partial
+            return {"matmul": (self.flops(), float((self.M * kl + kl * self.N + self.M * self.N) * e))}
+        return {"fused-gemm-rs": (self.flops(), self.hbm_bytes() + self.intermediate_bytes(variant))}
 
 
 @dataclass(frozen=True)
@@ -204,6 +220,17 @@ class FlashDecode:
             return split_round_trip + 2 * part + 2 * p * part
         # Fused: peers' partials land in the rank's inbox and are read by the global combine.
         return split_round_trip + 2 * (p - 1) * part
+
+    def phase_work(self, variant: str, splits: int = 1) -> dict[str, tuple[float, float]]:
+        """Per compute phase: (FLOPs, HBM bytes read and written, intermediates included). splits: the
+        split-KV kernel's partial sets per row."""
+        p, part = self.world, self.partial_bytes()
+        q_out = self.B * self.Hq * self.D * self.elt
+        split = (self.flops(), self.kv_bytes() + q_out + splits * part)
+        if variant in BSP_VARIANTS:
+            return {"split-kv": split, "local-combine": (0.0, splits * part + part),
+                    "global-combine": (0.0, p * part + q_out)}
+        return {"split-kv": split, "fused-combine": (0.0, splits * part + 2 * (p - 1) * part + q_out)}
 
     def kernel_count(self, variant: str) -> int:
         _check_variant(variant)
@@ -276,6 +303,18 @@ class TpMlp:
         if part in BSP_VARIANTS:
             layer += 2 * self.z_bytes()  # silu(gate): written by silu, read by mul
         return ag.intermediate_bytes(part) + rs.intermediate_bytes(part) + layer
+
+    def phase_work(self, variant: str) -> dict[str, tuple[float, float]]:
+        """Per compute phase: (FLOPs, HBM bytes read and written, intermediates included)."""
+        _check_variant(variant, TP_MLP_VARIANTS)
+        part = TP_MLP_PART_VARIANT[variant]
+        ag, rs = self.parts()
+        y1, z = self.y1_bytes(), self.z_bytes()
+        (ag_name, (ag_f, ag_b)), = ag.phase_work(part).items()
+        (rs_name, (rs_f, rs_b)), = rs.phase_work(part).items()
+        if part in BSP_VARIANTS:  # torch's silu then mul: a temporary of Z's size written and read
+            return {"matmul1": (ag_f, ag_b), "swiglu": (0.0, y1 + 3 * z), "matmul2": (rs_f, rs_b)}
+        return {"fused-ag-gemm": (ag_f, ag_b), "swiglu": (0.0, y1 + z), "fused-gemm-rs": (rs_f, rs_b)}
 
     def kernel_count(self, variant: str) -> int:
         """bsp: all-gather, matmul, silu, mul, matmul, reduce-scatter; fused: ag-gemm, SwiGLU, gemm-rs."""

@@ -56,9 +56,10 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
 
 
 def profile_doc(rng: random.Random, n_iter: int = 21):
-    """A synthetic measured document: 2 cases x 2 variants, 2 ranks of samples each, per-rank components."""
+    """A synthetic measured document: 2 cases x 2 variants, 2 ranks of samples each, per-rank rows that add up
+    to each variant's attributed E2E (its plain E2E plus a measurement cost)."""
     from taxes import results
-    from taxes.model import COMPONENTS
+    from taxes.attribute import ROWS as COMPONENTS
     from taxes.workloads import make_workload
 
     doc = results.new_document({"kind": "profile", "tool_version": "0.1.0", "world_size": 2,
@@ -67,13 +68,19 @@ def profile_doc(rng: random.Random, n_iter: int = 21):
         variants = []
         for v in ("bsp", "fused-pull"):
             samples = [[rng.uniform(100, 200) for _ in range(n_iter)] for _ in range(2)]
-            comps = [{"name": c, "rank": r, "value_us": rng.uniform(0, 50), "label": "derived"}
-                     for r in (0, 1) for c in COMPONENTS]
-            comps += [{"name": c, "rank": None, "value_us": rng.uniform(0, 50), "label": "derived"} for c in COMPONENTS]
+            e2e = results.summarize_samples(samples)
+            attributed = e2e["iqm"] * rng.uniform(1.0, 1.05)
+            comps = []
+            for r in (0, 1, None):
+                share = [rng.uniform(0, 1) for _ in COMPONENTS]
+                comps += [{"name": c, "rank": r, "value_us": attributed * x / sum(share), "label": "derived"}
+                          for c, x in zip(COMPONENTS, share)]
             phases = [{"rank": r, "name": f"k{i}", "role": "compute", "start_us": 10.0 * i, "end_us": 10.0 * i + 5,
                        "label": "measured", "parts": {}} for r in (0, 1) for i in range(3)]
-            variants.append({"variant": v, "config": {}, "samples_us": samples,
-                             "e2e_us": results.summarize_samples(samples),
+            variants.append({"variant": v, "config": {}, "samples_us": samples, "e2e_us": e2e,
+                             "plain_e2e_us": e2e["iqm"], "attributed_e2e_us": attributed,
+                             "measurement_cost_us": attributed - e2e["iqm"],
+                             "attribution": {"available": True, "clock": "cupti"},
                              "correctness": {"checked": True, "passed": True, "rel_error": 1e-3, "tolerance": 1e-2,
                                              "reference": "fp32"},
                              "phases": phases, "components": comps})

@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taxes import analyze as A
+from taxes import kineto
 from taxes.errors import TaxesError
 
 DATA = Path(__file__).parent / "data" / "traces"
@@ -260,7 +261,7 @@ def test_unreadable_paths_and_the_size_limit(tmp_path, monkeypatch):
             A.load_trace(path)
         assert_one_line(str(e.value))
     big = write_trace(tp_rank_trace(0), tmp_path / "big.json.gz")
-    monkeypatch.setattr(A, "MAX_TRACE_BYTES", 1000)
+    monkeypatch.setattr(kineto, "MAX_TRACE_BYTES", 1000)
     with pytest.raises(TaxesError, match="larger than"):
         A.load_trace(big)
 

@@ -1,80 +1,84 @@
-"""The measurement's checks (taxes/checks.py, `taxes check`) on committed real documents and on edited
-copies of them, so each check is seen to fail when its quantity leaves its limit."""
+"""The measurement's checks (taxes/checks.py, `taxes check`) on a profiled document and on edited copies of
+it, so each check is seen recomputed from the document and seen to fail when its quantity leaves its limit."""
 
 from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
+import math
+import os
 
 import pytest
 from _util import run_cli
 
-from taxes.checks import LIMITS, checks_frame, checks_summary
-from taxes.results import load, save
-
-ROOT = Path(__file__).resolve().parent.parent
-SESSION7 = ROOT / "reports" / "profile" / "session7"
-AG = SESSION7 / "ag_gemm_N8192.json.gz"
-TRACED = SESSION7 / "flash_decode_traced.json.gz"
-needs = pytest.mark.skipif(not AG.exists() or not TRACED.exists(), reason="no session-7 documents")
+from taxes.checks import LIMITS, checks_frame, checks_summary, provenance_problems
+from taxes.results import save
 
 
-def _overall(var, name):
-    return next(c["value_us"] for c in var["components"] if c["rank"] is None and c["name"] == name)
+@pytest.fixture(scope="module")
+def doc():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    from taxes.profiling import profile
+
+    return profile("flash-decode", "B=1,Hq=8,Hkv=2,D=64,S=24", 2, ["bsp", "bsp-graph", "fused-push"], iters=4,
+                   warmup=1, emulate=True, config={"block_n": 16}, timeout_s=300).document
 
 
-@needs
-def test_every_row_is_recomputed_from_the_document():
-    doc = load(AG)
+def _overall(var):
+    return {c["name"]: c["value_us"] for c in var["components"] if c["rank"] is None}
+
+
+@pytest.mark.slow
+def test_every_row_is_recomputed_from_the_document(doc):
     frame = checks_frame(doc)
-    for case in doc["cases"]:
-        shape = ",".join(f"{k}={v}" for k, v in case["shape"].items())
-        by = {v["variant"]: v for v in case["variants"]}
-        for v in case["variants"]:
-            if not v.get("attribution"):
-                assert not (frame.variant == v["variant"]).any()
-                continue
-            row = frame[(frame.check == "unattributed") & (frame["shape"] == shape) & (frame.variant == v["variant"])].iloc[0]
-            assert row.error == pytest.approx(v["attribution"]["unattributed_share"])
-            assert row.ok == (abs(v["attribution"]["unattributed_share"]) <= 0.05)
-            row = frame[(frame.check == "instrumented") & (frame["shape"] == shape) & (frame.variant == v["variant"])].iloc[0]
-            assert row.error == pytest.approx(v["attribution"]["instrumented_e2e_us"] / v["e2e_us"]["median"] - 1)
-        row = frame[(frame.check == "launch") & (frame["shape"] == shape)].iloc[0]
-        b, g = by["bsp"], by["bsp-graph"]
-        ladder = b["attribution"]["instrumented_e2e_us"] - g["attribution"]["instrumented_e2e_us"]
-        timeline = _overall(b, "launch") - _overall(g, "launch")
-        assert row.value == pytest.approx(timeline) and row.reference == pytest.approx(ladder)
-        assert row.ok == (abs(timeline / ladder - 1) <= LIMITS["launch"])
+    case = doc["cases"][0]
+    for v in case["variants"]:
+        rows = frame[frame.variant == v["variant"]].set_index("check")
+        oc = _overall(v)
+        assert rows.loc["closure", "error"] == pytest.approx(math.fsum(oc.values()) / v["attributed_e2e_us"] - 1, abs=1e-12)
+        assert rows.loc["measurement", "error"] == pytest.approx(v["measurement_cost_us"] / v["plain_e2e_us"])
+        assert rows.loc["unattributed", "error"] == pytest.approx(oc["unattributed"] / v["attributed_e2e_us"])
+    pair = case["extra"]["ladder"]["pairs"][0]
+    ladder = frame[frame.check == "ladder"].iloc[0]
+    b, g = (_overall(v) for v in case["variants"][:2])
+    assert ladder.value == pytest.approx((b["launch"] + b["host_bound"]) - (g["launch"] + g["host_bound"]))
+    assert ladder.reference == pytest.approx(case["variants"][0]["plain_e2e_us"] - case["variants"][1]["plain_e2e_us"])
+    assert pair["plain_us"] == pytest.approx(ladder.reference)
     summary = checks_summary(frame)
-    assert set(summary.check) == {"unattributed", "instrumented", "launch"}
-    assert (summary.of == frame.groupby("check").size().reindex(summary.check).values).all()
+    assert set(summary.check) == {"closure", "measurement", "unattributed", "ladder"}
 
 
-@needs
-def test_profiler_rows_use_the_events_busy_time_and_each_check_can_fail(tmp_path, capsys):
-    doc = load(TRACED)
-    frame = checks_frame(doc)
-    prof = frame[frame.check == "profiler"]
-    pc = doc["cases"][0]["extra"]["profiler_check"][0]["bsp"]["split-kv"]
-    row = prof[(prof["shape"].str.contains("B=1,")) & (prof["where"] == "rank 0 split-kv") & (prof.variant == "bsp")].iloc[0]
-    assert row.value == pytest.approx(pc["events_busy_us"]) and row.reference == pytest.approx(pc["cupti_us"])
-    assert pc["events_busy_us"] <= pc["events_us"]
-    # a document that passes a check fails it once its number is pushed past the limit
+@pytest.mark.slow
+def test_each_check_fails_once_its_quantity_leaves_its_limit(doc, tmp_path, capsys):
     bad = copy.deepcopy(doc)
-    v = bad["cases"][0]["variants"][0]
-    v["attribution"]["unattributed_share"] = 0.2
-    v["attribution"]["instrumented_e2e_us"] = v["e2e_us"]["median"] * 1.5
-    f2 = checks_frame(bad)
-    first = (f2["shape"] == f2["shape"].iloc[0]) & (f2.variant == v["variant"])
-    assert not f2[first & (f2.check == "unattributed")].ok.iloc[0]
-    assert not f2[first & (f2.check == "instrumented")].ok.iloc[0]
+    v = bad["cases"][0]["variants"][2]
+    rows = [c for c in v["components"] if c["rank"] is None]
+    rows[0]["value_us"] += 0.01 * v["attributed_e2e_us"]  # the rows no longer add up
+    v["measurement_cost_us"] = 0.05 * v["plain_e2e_us"]
+    next(c for c in rows if c["name"] == "unattributed")["value_us"] = -0.2 * v["attributed_e2e_us"]
+    f = checks_frame(bad).set_index(["variant", "check"])
+    for check in ("closure", "measurement", "unattributed"):
+        assert not f.loc[(v["variant"], check), "ok"], check
+        assert abs(f.loc[(v["variant"], check), "error"]) > LIMITS[check]
     path = tmp_path / "bad.json"
     save(bad, path)
     code, out, _ = run_cli(["check", str(path)], capsys)
-    assert code == 0 and "| unattributed |" in out and "Failing:" in out
-    code, _, _ = run_cli(["check", str(path), "--strict"], capsys)
-    assert code == 1
+    assert code == 1 and "| closure |" in out and "Failing:" in out
+
+
+@pytest.mark.slow
+def test_strict_refuses_a_dirty_checkout_and_variants_without_rows(doc, tmp_path, capsys):
+    d = copy.deepcopy(doc)
+    d["metadata"]["git_dirty"] = True
+    assert any("uncommitted" in p for p in provenance_problems(d))
+    d["metadata"]["git_dirty"] = False
+    d["cases"][0]["variants"][0]["attribution"] = {"available": False, "why": "older rules"}
+    d["cases"][0]["variants"][0]["components"] = []
+    assert any("without rows" in p for p in provenance_problems(d))
+    path = tmp_path / "d.json"
+    save(d, path)
+    code, out, _ = run_cli(["check", str(path), "--strict"], capsys)
+    assert code == 1 and "without rows" in out
 
 
 def test_check_refuses_a_model_document_in_one_line(tmp_path, capsys):

@@ -76,7 +76,8 @@ def test_markdown_report_of_measured_document_shows_ranks_and_correctness():
     assert "correct (rel. error)" in text and "yes (1.0e-03)" in text
     e2e_row = next(t for t in _md_tables(text) if t[0][0] == "us per iteration")[1]
     e = doc["cases"][0]["variants"][0]["e2e_us"]
-    assert e2e_row[0] == "E2E" and e2e_row[1].endswith(" m")
+    assert e2e_row[0] == "E2E (plain)" and e2e_row[1].endswith(" m")
+    assert e2e_row[1].startswith(f"{doc['cases'][0]['variants'][0]['plain_e2e_us']:,.1f}")
     assert f"{e['p10']:,.1f}" in e2e_row[1] and f"{e['p90']:,.1f}" in e2e_row[1]
 
 

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from taxes import results
 from taxes.errors import TaxesError
-from taxes.model import COMPONENTS
+from taxes.attribute import ROWS as COMPONENTS
+from taxes.model import COMPONENTS as MODEL_COMPONENTS
 
 # ---- building and round trips ----------------------------------------------------------------------
 
@@ -37,7 +38,7 @@ def test_model_document_shape(model_doc, model_predictions):
             assert var["e2e_us"]["median"] == pred.e2e_us and var["e2e_us"]["label"] == "predicted"
             assert var["samples_us"] == []
             comps = {c["name"]: c["value_us"] for c in var["components"]}
-            assert list(comps) == list(COMPONENTS)
+            assert list(comps) == list(MODEL_COMPONENTS)
             assert math.fsum(comps.values()) == var["e2e_us"]["median"]
             assert all(c["label"] == "predicted" and c["rank"] is None for c in var["components"])
             assert len(var["phases"]) == len(pred.phases)
@@ -381,7 +382,11 @@ def test_summarize_samples_is_the_slowest_rank_per_iteration(samples):
 def test_summarize_samples_by_hand():
     s = results.summarize_samples([[1.0, 5.0, 3.0], [2.0, 4.0, 9.0]])
     assert s["median"] == 5.0 and s["n"] == 3  # per iteration: 2, 5, 9
-    assert results.summarize_samples([]) == {"median": None, "p10": None, "p90": None, "n": 0, "label": "measured"}
+    assert s["iqm"] == pytest.approx((2 + 5 + 9) / 3)  # three iterations: none trimmed
+    s8 = results.summarize_samples([[10.0, 1.0, 7.0, 3.0, 100.0, 5.0, 2.0, 4.0]])
+    assert s8["iqm"] == pytest.approx((3 + 4 + 5 + 7) / 4)  # 1, 2 and 10, 100 trimmed
+    assert results.summarize_samples([]) == {"iqm": None, "median": None, "p10": None, "p90": None, "n": 0,
+                                             "label": "measured"}
 
 
 def test_samples_frame(tmp_path):
@@ -424,8 +429,8 @@ def test_frames_of_a_model_document(model_doc, model_predictions):
     n_cases, n_var = len(model_doc["cases"]), len(model_doc["cases"][0]["variants"])
     cf = results.components_frame(model_doc)
     assert list(cf.columns) == ["workload", "shape", "world", "dtype", "variant", "rank", "component", "value_us", "label"]
-    assert len(cf) == n_cases * n_var * len(COMPONENTS)
-    assert set(cf["label"]) == {"predicted"} and set(cf["component"]) == set(COMPONENTS)
+    assert len(cf) == n_cases * n_var * len(MODEL_COMPONENTS)
+    assert set(cf["label"]) == {"predicted"} and set(cf["component"]) == set(MODEL_COMPONENTS)
     sums = cf.groupby(["workload", "variant"])["value_us"].apply(lambda s: math.fsum(s))
 
     pf = results.phases_frame(model_doc)

@@ -6,13 +6,40 @@ import base64
 import html
 import json
 
-from taxes.model import COMPONENT_TITLES, COMPONENTS, TAXES
-from taxes.reports.plots import case_title, cta_waits, overall_components, predicted_vs_measured, stacked_bars, timeline
-
-BASELINES = ("bsp", "all-bsp")  # what "speed-up vs bsp" divides: tp-mlp calls its bulk-synchronous layer all-bsp
+from taxes.attribute import TAXES
+from taxes.reports.plots import (
+    COMPONENT_TITLES,
+    COMPONENTS,
+    case_title,
+    cta_waits,
+    overall_components,
+    predicted_vs_measured,
+    stacked_bars,
+    timeline,
+)
+from taxes.variants import lookup
 
 LABEL_MARK = {"measured": "m", "derived": "d", "predicted": "p"}
-LEGEND = "labels: m measured, d derived, p predicted; times in us per iteration"
+LEGEND = ("labels: m measured, d derived, p predicted; times in us per iteration, interquartile means (the mean of "
+          "the iterations ranked between the 25th and 75th percentile), [p10-p90] the spread")
+
+
+def e2e_of(v: dict) -> float | None:
+    """The E2E a view prints for a variant: the plain interquartile mean (older documents: from their
+    samples), or the model's prediction."""
+    if v.get("plain_e2e_us") is not None:
+        return v["plain_e2e_us"]
+    e = v.get("e2e_us") or {}
+    return e.get("iqm", e.get("median"))
+
+
+def baseline(case: dict, rung: str) -> float | None:
+    """The E2E of the case's bsp (rung "bsp") or graph (rung "graph") variant."""
+    for v in case["variants"]:
+        x = lookup(v["variant"])
+        if x is not None and x.rung == rung and v["variant"] in ("bsp", "all-bsp", "bsp-graph", "all-graph"):
+            return e2e_of(v)
+    return None
 
 
 def _fmt(v: float | None) -> str:
@@ -26,53 +53,62 @@ def _labels(var: dict) -> dict[str, str]:
 
 
 def case_rows(case: dict) -> tuple[list[str], list[list[str]]]:
-    """The attribution table of one case: a header and rows of strings, one column per variant."""
+    """The attribution table of one case: a header and rows of strings, one column per variant. The first
+    row is the E2E every ratio uses; rows of a measured variant add up to the instrumented E2E printed with
+    them, and the measurement cost is the difference between the two."""
     variants = case["variants"]
     header = ["us per iteration"] + [v["variant"] for v in variants]
-    base = next((v["e2e_us"]["median"] for v in variants if v["variant"] in BASELINES), None)
     rows = []
 
     def e2e_cell(v):
-        e = v["e2e_us"]
+        e, val = v["e2e_us"], e2e_of(v)
         spread = f" [{_fmt(e.get('p10'))}-{_fmt(e.get('p90'))}]" if e.get("p10") is not None else ""
-        return f"{_fmt(e['median'])}{spread} {LABEL_MARK[e['label']]}"
+        return f"{_fmt(val)}{spread} {LABEL_MARK[e['label']]}"
 
-    rows.append(["E2E"] + [e2e_cell(v) for v in variants])
-    has_components = any(overall_components(v) for v in variants)
-    for comp in COMPONENTS if has_components else ():
+    measured = any(v.get("samples_us") for v in variants)
+    rows.append(["E2E" + (" (plain)" if measured else "")] + [e2e_cell(v) for v in variants])
+    if any(v.get("attributed_e2e_us") is not None for v in variants):
+        rows.append(["E2E the rows add up to (instrumented)"] + [
+            f"{_fmt(v['attributed_e2e_us'])} m" if v.get("attributed_e2e_us") is not None else "-" for v in variants])
+
+        def cost_cell(v):
+            c, p = v.get("measurement_cost_us"), v.get("plain_e2e_us")
+            if c is None or not p:
+                return "-"
+            return f"{c:+,.1f} ({100 * c / p:+.1f}%)" + (" PERTURBED" if v.get("perturbed") else "")
+        rows.append(["measurement cost (instrumented - plain)"] + [cost_cell(v) for v in variants])
+    core = ("ideal", "launch", "sync_wait", "exposed_transfer", "locality", "inefficiency", "unattributed")
+    has = any(overall_components(v) for v in variants)
+    present = [c for c in COMPONENTS if has and (c in core or any(abs(overall_components(v).get(c, 0.0)) > 0
+                                                                  for v in variants))]
+    for comp in present:
         cells = []
         for v in variants:
             val = overall_components(v).get(comp)
             cells.append("-" if val is None else f"{_fmt(val)} {LABEL_MARK[_labels(v)[comp]]}")
         rows.append([COMPONENT_TITLES[comp]] + cells)
-    for tax, parts in TAXES.items() if has_components else ():
-        cells = []
-        for v in variants:
-            oc = overall_components(v)
-            cells.append(_fmt(sum(oc[p] for p in parts)) if all(p in oc for p in parts) else "-")
-        rows.append([f"= {tax} tax"] + cells)
+    if present:
+        for tax, parts in TAXES.items():
+            cells = []
+            for v in variants:
+                oc = overall_components(v)
+                cells.append(_fmt(sum(oc.get(p, 0.0) for p in parts)) if oc else "-")
+            rows.append([f"= {tax} tax"] + cells)
+    if any(not (v.get("attribution") or {}).get("available", True) for v in variants):
+        rows.append(["rows"] + ["not available (older rules)" if not (v.get("attribution") or {}).get("available", True)
+                                else "shown" for v in variants])
     if any(v.get("prediction") for v in variants):
         def pred_cell(v):
-            pr, med = v.get("prediction"), v["e2e_us"]["median"]
+            pr, med = v.get("prediction"), e2e_of(v)
             if not pr:
                 return "-"
             err = f" ({100 * (pr['e2e_us'] - med) / med:+.0f}%)" if med else ""
             return f"{_fmt(pr['e2e_us'])} p{err}"
         rows.append(["model E2E (error)"] + [pred_cell(v) for v in variants])
-    if any(v.get("attribution") for v in variants):
-        def instr_cell(v):
-            a, med = v.get("attribution") or {}, v["e2e_us"]["median"]
-            if not a.get("instrumented_e2e_us") or not med:
-                return "-"
-            return f"{_fmt(a['instrumented_e2e_us'])} ({100 * (a['instrumented_e2e_us'] / med - 1):+.1f}%)"
-        rows.append(["instrumented E2E (vs plain)"] + [instr_cell(v) for v in variants])
-        if any((v.get("attribution") or {}).get("cta_wait_share") is not None for v in variants):
-            rows.append(["CTA time waiting (traced)"] + [
-                f"{100 * v['attribution']['cta_wait_share']:.1f}%"
-                if (v.get("attribution") or {}).get("cta_wait_share") is not None else "-" for v in variants])
-    if base:
-        rows.append(["speed-up vs bsp"] + [
-            f"{base / v['e2e_us']['median']:.2f}x" if v["e2e_us"]["median"] else "-" for v in variants])
+    for rung, title in (("bsp", "speed-up vs bsp"), ("graph", "speed-up vs bsp-graph")):
+        base = baseline(case, rung)
+        if base:
+            rows.append([title] + [f"{base / e2e_of(v):.2f}x" if e2e_of(v) else "-" for v in variants])
     if any(v["correctness"].get("checked") for v in variants):
         rows.append(["correct (rel. error)"] + [_correct_cell(v["correctness"]) for v in variants])
     return header, rows
@@ -108,20 +144,18 @@ def per_rank_rows(case: dict) -> tuple[list[str], list[list[str]]] | None:
 
 
 def ladder_rows(case: dict) -> tuple[list[str], list[list[str]]] | None:
-    """The ablation ladder beside the timeline: two measures of the launch tax that should agree."""
+    """The ablation ladder beside the timeline: two measures of what a graph removes, which should agree."""
     lad = (case.get("extra") or {}).get("ladder") or {}
-    if "launch_us" not in lad:
-        return None
-    rows = [["launch tax: E2E(bsp) - E2E(bsp-graph) (derived)", _fmt(lad["launch_us"])]]
-    if lad.get("launch_instrumented_us") is not None:
-        rows.append(["the same, instrumented runs (derived)", _fmt(lad["launch_instrumented_us"])])
-    if lad.get("bsp_timeline_launch_us") is not None:
-        rows.append(["launch tax: bsp timeline, idle + host-bound parts of phases", _fmt(lad["bsp_timeline_launch_us"])])
-    if lad.get("graph_timeline_launch_us") is not None:
-        rows.append(["launch tax: bsp-graph timeline (what a graph cannot remove)", _fmt(lad["graph_timeline_launch_us"])])
-    if "bsync_and_locality_us" in lad:
-        rows.append([f"E2E(bsp-graph) - E2E({lad['best_fused']}) (derived)", _fmt(lad["bsync_and_locality_us"])])
-    return ["ablation ladder", "us"], rows
+    rows = []
+    for p in lad.get("pairs", []):
+        rows.append([f"E2E({p['bsp']}) - E2E({p['graph']}), plain (derived)", _fmt(p["plain_us"])])
+        if p.get("timeline_us") is not None:
+            rows.append([f"launch + host_bound of {p['bsp']} minus {p['graph']}'s, timeline (measured)", _fmt(p["timeline_us"])])
+            rows.append([f"{p['graph']}: its replay's launch and the gaps inside it (a graph keeps these)",
+                         _fmt(p.get("graph_residual_us"))])
+    if "fused_vs_graph_us" in lad:
+        rows.append([f"E2E(best graph) - E2E({lad['best_fused']}), plain (derived)", _fmt(lad["fused_vs_graph_us"])])
+    return (["ablation ladder", "us"], rows) if rows else None
 
 
 def pct(x) -> str:
@@ -147,7 +181,7 @@ def checks_rows(doc: dict) -> tuple[list[str], list[list[str]]] | None:
     frame = checks_frame(doc)
     if frame.empty:
         return None
-    return checks_summary_rows(frame, "check (METHOD.md; taxes check lists every row)")
+    return checks_summary_rows(frame, "check (taxes check lists every row)")
 
 
 def _meta_line(doc: dict) -> str:
@@ -210,24 +244,26 @@ def render_markdown(doc: dict) -> str:
 
 
 def summary(doc: dict) -> dict:
-    """Per case and variant: E2E, the components, the taxes and the speed-up over bsp."""
+    """Per case and variant: E2E (plain and attributed), the rows, the taxes and the speed-ups."""
     cases = []
     for case in doc["cases"]:
-        base = next((v["e2e_us"]["median"] for v in case["variants"] if v["variant"] in BASELINES), None)
+        bsp, graph = baseline(case, "bsp"), baseline(case, "graph")
         variants = []
         for v in case["variants"]:
             oc = overall_components(v)
+            e2e = e2e_of(v)
             variants.append({
-                "variant": v["variant"],
-                "e2e_us": v["e2e_us"],
-                "components_us": oc,
-                "labels": _labels(v),
-                "taxes_us": {t: sum(oc.get(p, 0.0) for p in parts) for t, parts in TAXES.items()},
-                "speedup_vs_bsp": (base / v["e2e_us"]["median"]) if base and v["e2e_us"]["median"] else None,
+                "variant": v["variant"], "e2e_us": v["e2e_us"], "plain_e2e_us": v.get("plain_e2e_us"),
+                "attributed_e2e_us": v.get("attributed_e2e_us"), "measurement_cost_us": v.get("measurement_cost_us"),
+                "perturbed": v.get("perturbed"), "rows_available": (v.get("attribution") or {}).get("available", bool(oc)),
+                "components_us": oc, "labels": _labels(v),
+                "taxes_us": {t: sum(oc.get(p, 0.0) for p in parts) for t, parts in TAXES.items()} if oc else {},
+                "speedup_vs_bsp": (bsp / e2e) if bsp and e2e else None,
+                "speedup_vs_bsp_graph": (graph / e2e) if graph and e2e else None,
                 "correctness": v["correctness"],
             })
         cases.append({k: case[k] for k in ("workload", "shape", "world", "dtype")} | {"variants": variants})
-    return {"metadata": doc["metadata"], "cases": cases}
+    return {"metadata": doc["metadata"], "statistic": "interquartile mean", "cases": cases}
 
 
 def render_json(doc: dict) -> str:

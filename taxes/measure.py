@@ -1,0 +1,230 @@
+"""What each rank measures in `taxes profile`, per shape and variant (one process per GPU, or torchrun's).
+
+1. build every variant and check one run against the float32 reference (output poisoned with NaN first);
+   the ranks agree on failures, so no rank enters a collective the others skipped;
+2. time, in rounds (every variant's iterations interleaved in blocks, so clock drift and host state touch
+   every variant alike), a block of plain iterations (a start and an end event each: the E2E) and a block
+   of instrumented ones (the same with the per-kernel clock on, taxes.instrument; fused variants run their
+   traced build, which stamps each CTA's waits);
+3. with clock "both", after the rounds one more instrumented block per variant under torch.profiler, so
+   the cheaper clock can be chosen per variant.
+Rank 0's launcher gathers every rank's records into one document (taxes.document).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from taxes.cases import TOLERANCE, fused_trace, make_case, rel_error
+from taxes.harness import agree, gpu_metadata, time_iterations, warm_clocks
+from taxes.instrument import assemble, make_recorder, record_iterations
+from taxes.timeline import Timeline
+from taxes.variants import get
+from taxes.workloads import make_workload
+
+_BAR: dict = {}  # rank 0's progress bar, for the life of its rank process
+
+
+def progress(ctx, job, text: str, advance: int = 0) -> None:
+    """Rank 0 shows the run's progress on stderr: a bar over every (shape, variant, step) on a terminal,
+    one line per step otherwise (logs)."""
+    if ctx.rank != 0 or not job.progress:
+        return
+    if not sys.stderr.isatty():
+        print(f"[taxes] {text}", file=sys.stderr, flush=True)
+        return
+    if "bar" not in _BAR:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       console=Console(stderr=True), transient=True)
+        bar.start()
+        _BAR["bar"] = bar
+        _BAR["task"] = bar.add_task("taxes", total=len(job.shapes) * len(job.variants) * 3)
+    _BAR["bar"].update(_BAR["task"], description=f"[taxes] {text}", advance=advance)
+
+
+def _progress_done() -> None:
+    if "bar" in _BAR:
+        _BAR.pop("bar").stop()
+
+
+def rank_job(ctx, job) -> dict:
+    """Everything one rank measures, per shape."""
+    import torch
+
+    if ctx.backend != "cuda":  # emulated: bf16 stores rounded as on a GPU, not truncated
+        from taxes.kernels.runtime import round_bf16_like_a_gpu
+
+        round_bf16_like_a_gpu()
+    warm_clocks(ctx, 2.0)
+    out = {"cases": [], "meta": gpu_metadata() if ctx.rank == 0 else {}}
+    clocks = _clocks(ctx, job.clock)
+    try:
+        for shape in job.shapes:
+            ctx.heap.reset()
+            out["cases"].append(_rank_case(ctx, job, shape, clocks))
+            if ctx.device.type == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        _progress_done()
+    out["clocks"] = clocks
+    return out
+
+
+def _clocks(ctx, wanted: str) -> dict:
+    """The clocks this rank uses: {"main": name, "extra": name or None, "why": text}. cupti-python when it
+    can record here (auto), torch.profiler otherwise; "both" adds torch.profiler after the rounds."""
+    if ctx.device.type != "cuda":
+        return {"main": "host", "extra": None, "why": "emulated ranks: the host clock (times mean nothing)"}
+    from taxes.cupti import available
+
+    missing = available()
+    if wanted in ("auto", "both", "cupti") and missing is None:
+        return {"main": "cupti", "extra": "torch.profiler" if wanted == "both" else None, "why": "cupti-python"}
+    if wanted == "cupti":
+        from taxes.errors import TaxesError
+
+        raise TaxesError(f"profile: --clock cupti: {missing}; install taxes[cupti] or use --clock torch.profiler")
+    return {"main": "torch.profiler", "extra": None,
+            "why": f"torch.profiler ({missing})" if wanted != "torch.profiler" else "torch.profiler (asked for)"}
+
+
+def _rank_case(ctx, job, shape: dict, clocks: dict) -> dict:
+    import torch
+
+    w = make_workload(job.workload, shape, job.world, job.dtype)
+    ctx.doing(f"building the {job.workload} inputs for {shape}")
+    progress(ctx, job, f"{w.name} {shape}")
+    case = make_case(ctx, w, job.wait_s, job.config)
+    out = {"variants": [], "extra": case.extra, "shape": shape}
+    built = []  # (variant, res, runner): every variant is built and checked first, then timed in rounds
+    for variant in job.variants:
+        ctx.doing(f"{variant}: build and check")
+        progress(ctx, job, f"{variant}: check")
+        res = {"variant": variant, "error": None, "rel_error": None, "samples": [], "raw": {}, "config": {}}
+        holder = {}
+
+        def build_and_check():
+            runner = holder["run"] = case.build(variant)
+            o = case.inputs[0][-1].fill_(float("nan"))
+            got = runner(*case.inputs[0][:-1], o)
+            if hasattr(runner, "check"):
+                runner.check()
+            res["rel_error"] = rel_error(got, case.reference)
+            cfg = getattr(runner, "cfg", None)
+            res["config"] = dict(vars(cfg)) if cfg is not None and hasattr(cfg, "__dict__") else {}
+            if not res["rel_error"] <= TOLERANCE:
+                raise RuntimeError(f"relative error {res['rel_error']:.3g} above {TOLERANCE}")
+
+        agree(ctx, res, build_and_check)
+        progress(ctx, job, f"{variant}: checked", advance=1)
+        built.append((variant, res, holder.get("run")))
+        out["variants"].append(res)
+
+    rounds = max(1, min(job.rounds, job.iters))
+    blocks = [job.iters // rounds + (1 if r < job.iters % rounds else 0) for r in range(rounds)]
+    for r, n in enumerate(blocks):
+        warmup = job.warmup if r == 0 else min(job.warmup, 2)
+        last = r == rounds - 1
+        for variant, res, runner in built:
+            def plain():
+                ctx.doing(f"{variant}: timing (round {r + 1} of {rounds})")
+                progress(ctx, job, f"{variant}: round {r + 1}/{rounds}, {n} plain iterations", advance=int(last))
+                res["samples"] += time_iterations(ctx, runner, case.inputs, n, warmup, label=variant)
+                if hasattr(runner, "check"):
+                    runner.check()
+
+            def instrumented():
+                ctx.doing(f"{variant}: instrumented timing (round {r + 1} of {rounds})")
+                progress(ctx, job, f"{variant}: round {r + 1}/{rounds}, {n} instrumented iterations",
+                         advance=int(last))
+                _instrumented_block(ctx, job.workload, case, variant, runner, n, warmup, clocks["main"], res)
+
+            agree(ctx, res, plain)
+            if hasattr(runner, "phases"):
+                agree(ctx, res, instrumented)
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize()
+    if clocks.get("extra"):
+        for variant, res, runner in built:
+            if hasattr(runner, "phases"):
+                agree(ctx, res, lambda: _instrumented_block(ctx, job.workload, case, variant, runner, job.iters,
+                                                            job.warmup, clocks["extra"], res))
+    worst = ctx.all_max([-1.0 if res["rel_error"] is None else res["rel_error"] for _, res, _ in built])
+    for (_, res, _), e in zip(built, worst):
+        res["rel_error"] = None if e < 0 else e
+    for _, res, runner in built:  # the timelines leave the rank as plain data
+        res["raw"] = {clock: _merge_blocks(blocks_) for clock, blocks_ in res["raw"].items()}
+        res["facts"] = {"splits": getattr(runner, "n_splits", None)}
+        res["comm_phases"] = sorted({name for name, role, _ in runner.phases(*case.inputs[0], traced=False)
+                                     if role == "communication"}) if runner is not None and hasattr(runner, "phases") else []
+    built.clear()
+    return out
+
+
+def _instrumented_block(ctx, workload: str, case, variant: str, runner, n: int, warmup: int, clock: str,
+                        res: dict) -> None:
+    v = get(workload, variant)
+    raw = record_iterations(ctx, runner, case.inputs, n, warmup, make_recorder(clock, ctx.device.type == "cuda"),
+                            graph=v.graphed, fused=v.fused, trace_of=_mean_waits if v.fused else None)
+    if hasattr(runner, "check"):
+        runner.check()
+    res["raw"].setdefault(clock, []).append(raw)
+
+
+def _mean_waits(runner) -> dict:
+    """{phase: the CTAs' mean time waiting on peers, us} of a fused runner's last traced call."""
+    tr = fused_trace(runner)
+    out = {}
+    for name, rows in (tr or {}).items():
+        if rows:
+            out[name] = sum(max(0, r[2]) for r in rows) / len(rows) / 1e3
+    return out
+
+
+def _merge_blocks(blocks: list[dict]) -> dict:
+    """Several instrumented blocks of one variant (rounds) -> one raw record with steps numbered on, each
+    block's times moved past the one before (each recorder has its own origin)."""
+    import pandas as pd
+
+    acts, launches, host, its = [], [], [], []
+    offset, shift, corr = 0, 0.0, 0
+    for b in blocks:
+        b = _shifted(b, shift, corr)
+        corr = 1 + max([corr] + [int(f["correlation"].max()) for f in (b["activities"], b["launches"])
+                                 if not f.empty and "correlation" in f])
+        shift = max([shift] + [float(f["end_us"].max()) for f in (b["activities"], b["launches"], b["host"])
+                               if not f.empty]) + 1e6
+        ren = {f"step {it['step']}": f"step {it['step'] + offset}" for it in b["iterations"]}
+        h = b["host"].copy()
+        if not h.empty:
+            h["name"] = h["name"].map(lambda x: ren.get(x, x))
+        host.append(h)
+        acts.append(b["activities"])
+        launches.append(b["launches"])
+        its += [dict(it, step=it["step"] + offset) for it in b["iterations"]]
+        offset += len(b["iterations"])
+    return {"activities": pd.concat(acts, ignore_index=True), "launches": pd.concat(launches, ignore_index=True),
+            "host": pd.concat(host, ignore_index=True), "iterations": its, "clock": blocks[0]["clock"]}
+
+
+def _shifted(raw: dict, dt: float, dc: int) -> dict:
+    """A block's records with times moved by dt and correlation ids by dc (ids restart per recorder)."""
+    out = dict(raw)
+    for key in ("activities", "launches", "host"):
+        f = raw[key].copy()
+        if not f.empty:
+            f["start_us"] = f["start_us"] + dt
+            f["end_us"] = f["end_us"] + dt
+            for c in ("correlation", "graph"):
+                if c in f:
+                    f[c] = f[c].where(f[c] < 0, f[c] + dc)
+        out[key] = f
+    return out
+
+
+def timelines_of(raws: list[dict], graph_phases: list | None, comm_phases: tuple) -> list[Timeline]:
+    """Every rank's raw records of one variant and clock -> Timelines (rank order)."""
+    return [assemble(r, raw, graph_phases=graph_phases, comm_phases=comm_phases) for r, raw in enumerate(raws)]

@@ -1,0 +1,272 @@
+"""Known answers: workloads with a tax of known size added on purpose, and whether the attribution finds it.
+
+`taxes validate --planted` runs each pair (without, with the planted tax) through the same plain timing,
+instrumented timing and attribution as `taxes profile`, and reports per tax the planted amount, what the
+rows recovered, and how the planted amount was known:
+
+  launch      K small kernels, each its own launching call, against the same with N more small kernels
+              launched between them: planted = the change of E2E (events) less the added kernels' busy
+              time (the per-kernel clock); recovered = the change of the `launch` row.
+  host_bound  the same K kernels with a spin of X us on the host before each call: planted = the spins'
+              own time, as the spin measured it, that the device waited through (K x X less what hid behind
+              busy work, which at these sizes is none); recovered = the change of `host_bound`; a second
+              row checks the `launch` row did not move (planted 0).
+  locality    y = 2x then z = y + 1 (two kernels, y round-trips through HBM) against z = 2x + 1 (one kernel):
+              planted = the change of kernel busy time; recovered = the `locality` row (2 |y| bytes x the
+              time per byte of a 1 GiB device copy timed in the same run).
+  graph       the launch case's sequence replayed from a CUDA graph: planted = the ladder, E2E(eager) -
+              E2E(graph) (plain events); recovered = the timeline's launch + host_bound of the eager run
+              minus those of the graph run (what a graph removes).
+  sync_wait   (two or more ranks) every rank runs a small collective; rank 1 spins X us before it:
+              planted = X; recovered = rank 0's `sync_wait`.
+Rows: {"tax", "case", "planted_us", "recovered_us", "error_pct", "ok", "method", ...}; ok within 10% or
+2 us, whichever is larger.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from taxes import attribute as att
+from taxes.harness import time_iterations
+from taxes.instrument import assemble, make_recorder, record_iterations
+
+TOLERANCE = 0.10
+TOLERANCE_US = 2.0
+
+
+def spin_us(us: float) -> float:
+    """Busy-wait on the host for `us` microseconds; returns how long it actually spun."""
+    t0 = time.perf_counter()
+    end = t0 + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+    return (time.perf_counter() - t0) * 1e6
+
+
+class Chain:
+    """K small kernels, each launched by its own call; optionally N extra small kernels spread between them
+    (launch), and a host spin before each call (host_bound)."""
+
+    def __init__(self, ctx, k: int, extra: int = 0, spin: float = 0.0):
+        import torch
+
+        self.k, self.extra, self.spin = k, extra, spin
+        self.x = torch.zeros(1, device=ctx.device)
+        self.scratch = torch.zeros(1, device=ctx.device)
+        self.spun: list = []
+
+    def phases(self, *inputs, traced: bool = False):
+        steps = []
+        per = [self.extra // self.k + (1 if i < self.extra % self.k else 0) for i in range(self.k)]
+        for i in range(self.k):
+            if self.spin:
+                steps.append(("spin", "host", self._spin))
+            steps.append((f"kernel {i}", "compute", self._kernel))
+            steps += [(f"extra {i}.{j}", "compute", self._extra) for j in range(per[i])]
+        return steps
+
+    def _spin(self):
+        self.spun.append(spin_us(self.spin))
+
+    def _kernel(self):
+        self.x.add_(1)
+
+    def _extra(self):
+        self.scratch.add_(1)
+
+    def __call__(self, *inputs):
+        for _, _, f in self.phases():
+            f()
+
+
+class Elementwise:
+    """y = 2x then z = y + 1 (unfused: two kernels, y written and read back) or z = 2x + 1 (fused)."""
+
+    def __init__(self, ctx, n: int, fused: bool):
+        import torch
+
+        g = torch.Generator(device=ctx.device).manual_seed(7)
+        self.x = torch.randn(n, generator=g, device=ctx.device)
+        self.y = torch.empty_like(self.x)
+        self.z = torch.empty_like(self.x)
+        self.fused = fused
+        self.intermediate_bytes = 0.0 if fused else 2.0 * self.y.numel() * self.y.element_size()
+
+    def phases(self, *inputs, traced: bool = False):
+        from taxes.kernels.planted import affine
+
+        if self.fused:
+            return [("affine", "compute", lambda: affine(self.x, self.z, 2.0, 1.0))]
+        return [("scale", "compute", lambda: affine(self.x, self.y, 2.0, 0.0)),
+                ("shift", "compute", lambda: affine(self.y, self.z, 1.0, 1.0))]
+
+    def __call__(self, *inputs):
+        for _, _, f in self.phases():
+            f()
+        return self.z
+
+
+class LateRank:
+    """Every rank: a small all-reduce; rank `late` spins `spin` us before it."""
+
+    def __init__(self, ctx, spin: float, late: int = 1):
+        import torch
+
+        self.ctx, self.spin, self.late = ctx, spin, late
+        self.t = torch.ones(1024, device=ctx.device)
+        self.spun: list = []
+
+    def phases(self, *inputs, traced: bool = False):
+        import torch.distributed as dist
+
+        steps = []
+        if self.ctx.rank == self.late and self.spin:
+            steps.append(("spin", "host", lambda: self.spun.append(spin_us(self.spin))))
+        steps.append(("all-reduce", "communication", lambda: dist.all_reduce(self.t)))
+        return steps
+
+    def __call__(self, *inputs):
+        for _, _, f in self.phases():
+            f()
+
+
+# ---- measuring one runner -------------------------------------------------------------------------
+
+
+def measure(ctx, runner, iters: int, warmup: int, clock: str, graph: bool = False, locality_bytes: float = 0.0,
+            us_per_byte: float | None = None, comm: tuple = ()) -> dict:
+    """Plain and instrumented timing of one runner, attributed; every rank returns its own view and the
+    timeline rows of all ranks are combined by the caller (single rank: this rank's)."""
+    inputs = [()]
+    plain = time_iterations(ctx, runner, inputs, iters, warmup)
+    raw = record_iterations(ctx, runner, inputs, iters, warmup, make_recorder(clock, ctx.device.type == "cuda"),
+                            graph=graph, fused=False)
+    return {"plain": plain, "raw": raw, "comm": comm, "locality_bytes": locality_bytes, "us_per_byte": us_per_byte}
+
+
+def attributed(per_rank: list[dict]) -> dict:
+    """Combine every rank's measurement of one runner: rows (interquartile mean), plain and instrumented
+    E2E (interquartile means of the slowest rank), busy time per iteration."""
+    tls = [assemble(r, m["raw"], comm_phases=m["comm"]) for r, m in enumerate(per_rank)]
+    m0 = per_rank[0]
+    a = att.attribute(tls, locality_bytes=m0["locality_bytes"] or None, us_per_byte=m0["us_per_byte"])
+    s = att.summarize(a.rows)
+    plain = att.iqm([max(v) for v in zip(*[m["plain"] for m in per_rank])])
+    kept = a.rows[a.rows["step"].isin(s["kept"])]
+    return {"rows": s["rows"], "per_rank": s["per_rank"], "e2e_us": s["e2e_us"], "plain_us": plain,
+            "busy_us": float(kept.groupby("step")["busy_us"].max().mean()) if len(kept) else 0.0}
+
+
+def row(tax: str, case: str, planted: float, recovered: float, method: str, **extra) -> dict:
+    err = recovered - planted
+    ok = abs(err) <= max(TOLERANCE * abs(planted), TOLERANCE_US)
+    return {"tax": tax, "case": case, "planted_us": planted, "recovered_us": recovered,
+            "error_pct": 100 * err / planted if planted else None, "ok": bool(ok), "method": method, **extra}
+
+
+# ---- the cases ------------------------------------------------------------------------------------
+
+
+def rank_cases(ctx, opts: dict) -> dict:
+    """Everything one rank measures for --planted (run under kernels.runtime.launch)."""
+    import torch
+
+    clock, iters, warmup = opts["clock"], opts["iters"], opts["warmup"]
+    out: dict = {}
+    k, extra, spin = opts.get("k", 20), opts.get("extra", 40), opts.get("spin_us", 25.0)
+    out["base"] = measure(ctx, Chain(ctx, k), iters, warmup, clock)
+    out["extra"] = measure(ctx, Chain(ctx, k, extra=extra), iters, warmup, clock)
+    spun = Chain(ctx, k, spin=spin)
+    out["spin"] = measure(ctx, spun, iters, warmup, clock)
+    out["spin"]["spun_us"] = statistics.median(spun.spun) if spun.spun else 0.0
+    out["spin"]["spins_per_iteration"] = k
+    if ctx.device.type == "cuda":
+        out["graph"] = measure(ctx, Chain(ctx, k, extra=extra), iters, warmup, clock, graph=True)
+    else:  # emulated ranks replay nothing: the eager sequence stands in (the logic of the rows, not a graph)
+        out["graph"] = measure(ctx, Chain(ctx, k), iters, warmup, clock)
+    n = opts.get("elements", 128 << 20 if ctx.device.type == "cuda" else 1 << 12)
+    us_per_byte = _copy_us_per_byte(ctx, n)
+    for name, fused in (("unfused", False), ("fused", True)):
+        r = Elementwise(ctx, n, fused)
+        out[name] = measure(ctx, r, iters, warmup, clock, locality_bytes=r.intermediate_bytes, us_per_byte=us_per_byte)
+        out[name]["intermediate_bytes"] = r.intermediate_bytes
+    out["us_per_byte"] = us_per_byte
+    if ctx.world > 1 and ctx.device.type == "cuda":
+        for x in opts.get("late_us", (20.0, 100.0, 500.0)):
+            late = LateRank(ctx, x)
+            out[f"late {x:g}"] = measure(ctx, late, iters, warmup, clock, comm=("all-reduce",))
+            out[f"late {x:g}"]["spun_us"] = statistics.median(late.spun) if late.spun else 0.0
+        out["late 0"] = measure(ctx, LateRank(ctx, 0.0), iters, warmup, clock, comm=("all-reduce",))
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize()
+    return out
+
+
+def _copy_us_per_byte(ctx, n: int) -> float:
+    """HBM time per byte from a device copy of max(1 GiB, 4 n floats) timed here (read + write counted)."""
+    import torch
+
+    if ctx.device.type != "cuda":
+        return 1.0 / 3.0e6
+    nbytes = max(1 << 30, 4 * n)
+    a = torch.empty(nbytes // 4, device=ctx.device)
+    b = torch.empty_like(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for i in range(12):
+        start.record()
+        b.copy_(a)
+        end.record()
+        end.synchronize()
+        if i >= 2:
+            times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times) / (2.0 * nbytes)
+
+
+def known_answers(results: list[dict]) -> list[dict]:
+    """Every rank's measurements -> the known-answer rows."""
+    def A(key):
+        return attributed([r[key] for r in results])
+
+    base, extra, spun, graph = A("base"), A("extra"), A("spin"), A("graph")
+    rows = []
+    d_busy = extra["busy_us"] - base["busy_us"]
+    rows.append(row("launch", "extra small kernels", extra["e2e_us"] - base["e2e_us"] - d_busy,
+                    extra["rows"]["launch"] - base["rows"]["launch"],
+                    "change of instrumented E2E (events) less the added kernels' busy time (per-kernel clock), "
+                    "against the change of the launch row",
+                    plain_planted_us=(extra["plain_us"] or 0) - (base["plain_us"] or 0) - d_busy))
+    per_spin = results[0]["spin"]["spun_us"]
+    n_spins = results[0]["spin"]["spins_per_iteration"]
+    rows.append(row("host_bound", "host spin before each launch", n_spins * per_spin,
+                    spun["rows"]["host_bound"] - base["rows"]["host_bound"],
+                    f"{n_spins} spins of {per_spin:.1f} us (median, as the spin measured itself) per iteration, "
+                    "against the change of the host_bound row"))
+    rows.append(row("launch", "unchanged by a host spin", 0.0, spun["rows"]["launch"] - base["rows"]["launch"],
+                    "the launch row with and without the spins (planted: no change)"))
+    un, fu = A("unfused"), A("fused")
+    rows.append(row("locality", "one extra HBM round trip", un["busy_us"] - fu["busy_us"], un["rows"]["locality"],
+                    f"change of kernel busy time (per-kernel clock) against {un['rows']['locality']:.1f} us = "
+                    f"{results[0]['unfused']['intermediate_bytes'] / 2**20:.0f} MiB x the time per byte of a device "
+                    "copy timed in the same run",
+                    bytes=results[0]["unfused"]["intermediate_bytes"]))
+    eager_lh = extra["rows"]["launch"] + extra["rows"]["host_bound"]
+    graph_lh = graph["rows"]["launch"] + graph["rows"]["host_bound"]
+    rows.append(row("graph", "the launch case replayed from a CUDA graph", (extra["plain_us"] or 0) - (graph["plain_us"] or 0),
+                    eager_lh - graph_lh,
+                    "the ladder E2E(eager) - E2E(graph) (plain events) against launch + host_bound of the eager "
+                    "timeline minus the graph's",
+                    graph_gaps_us=graph["rows"]["graph_gaps"], graph_launch_us=graph["rows"]["launch"]))
+    for key in sorted(k for k in results[0] if k.startswith("late ") and k != "late 0"):
+        late = A(key)
+        x = results[1][key]["spun_us"] if len(results) > 1 else 0.0
+        rows.append(row("sync_wait", f"rank 1 late by {x:.0f} us", x, late["per_rank"][0]["sync_wait"],
+                        "rank 1 spins before the collective (as the spin measured itself) against rank 0's sync_wait"))
+    return rows
+
+
+def summary(rows: list[dict]) -> str:
+    ok = sum(r["ok"] for r in rows)
+    return f"{ok} of {len(rows)} planted taxes recovered within {100 * TOLERANCE:.0f}% (or {TOLERANCE_US:g} us)"
