@@ -11,7 +11,8 @@ NaN-poisoned output against the float32 reference, then timed on the host:
 
 - host_launch_us: time.perf_counter_ns around one call runner(*inputs), the device synchronised before
   each call so the call never waits for room in the launch queue; the median of --calls calls after
-  --warmup, rotating over the case's input sets (each set has its own bound launches, as in a profile);
+  --warmup (and the quartiles), rotating over the case's input sets (each set has its own bound
+  launches, as in a profile);
 - per_phase_us: the same for each step of runner.phases(*inputs, traced=False), each timed alone
   (synchronised before it) while the steps run in order, so the report shows where the host time goes.
 
@@ -80,8 +81,8 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _host_cost(runner, inputs: list[tuple], calls: int, warmup: int) -> float:
-    """Median host time (us) of one call, device idle before each call."""
+def _host_cost(runner, inputs: list[tuple], calls: int, warmup: int, spread: dict | None = None) -> float:
+    """Median host time (us) of one call, device idle before each call; spread gets the quartiles."""
     n = len(inputs)
     for i in range(warmup):
         runner(*inputs[i % n])
@@ -92,6 +93,9 @@ def _host_cost(runner, inputs: list[tuple], calls: int, warmup: int) -> float:
         runner(*inputs[i % n])
         samples.append(time.perf_counter_ns() - t0)
     _sync()
+    if spread is not None:
+        q = statistics.quantiles(samples, n=4)
+        spread.update(p25=q[0] / 1e3, p75=q[2] / 1e3)
     return _median_us(samples)
 
 
@@ -134,7 +138,8 @@ def _measure_case(ctx, name: str, shape: dict, args) -> list[dict]:
             try:
                 runner = case.build(variant)
                 err_first = _checked(runner, case, case.inputs[0])
-                row["host_launch_us"] = _host_cost(runner, case.inputs, args.calls, args.warmup)
+                row["host_launch_us_quartiles"] = spread = {}
+                row["host_launch_us"] = _host_cost(runner, case.inputs, args.calls, args.warmup, spread)
                 if kind == "eager":
                     row["per_phase_us"] = _phase_costs(runner, case.inputs, args.calls, args.warmup)
                 # after every input set has been used (graphs captured per set): right on the first set again
