@@ -29,7 +29,9 @@ software-pipelined `num_stages` deep over K.
 Reuse across calls: an epoch (one per call, same on every rank) stamps every flag. Push writes into a
 peer's buffer only after that peer reported (at the end of its previous call) that it finished
 reading it; pull reads a peer's rows only after the peer announced (at the start of this call) that
-they are ready. So back-to-back calls need no host barrier.
+they are ready. So back-to-back calls need no host barrier. On the host, a call's launch is bound once
+per set of buffers (kernels/launch.py: TMA descriptors and arguments made once), so an eager call costs
+about one bare kernel launch.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
 from taxes.kernels.runtime import RankContext, SymBuffer, interpreting, replay_graph
 from taxes.kernels.sync import (
     ERR_WORDS,
@@ -295,28 +298,24 @@ def ag_gemm_fused_kernel(
 # ---- the host side --------------------------------------------------------------------------------
 
 
-def _descriptor(t: torch.Tensor, block: list[int]):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return TensorDescriptor.from_tensor(t, block)
-
-
-def _launch(cfg: Config, grid: int, a, w, out, bases, flags, aux, counters, err, rank: int, chunk_rows: int, budget: int, world: int = 1, push: bool = False, external: bool = False,
-            trace: tuple | None = None) -> None:
-    """Launch ag_gemm_fused_kernel for out = a @ w with a's rows gathered over `world` ranks;
-    trace = (cta_trace, tile_trace) int64 buffers launches the traced build."""
+def _bind(cfg: Config, grid: int, descs: DescriptorCache, a, w, out, bases, flags, aux, counters, err, rank: int,
+          chunk_rows: int, budget: int, world: int = 1, push: bool = False, external: bool = False,
+          trace: tuple | None = None) -> BoundLaunch:
+    """ag_gemm_fused_kernel for out = a @ w with a's rows gathered over `world` ranks, bound to these
+    buffers (kernels/launch.py); trace = (cta_trace, tile_trace) int64 buffers binds the traced build."""
     interp = interpreting()
     M, K = a.shape
     cta_trace, tile_trace = trace if trace is not None else (counters, counters)
-    ag_gemm_fused_kernel[(grid,)](
-        _descriptor(a, [cfg.block_m, cfg.block_k]), _descriptor(w, [cfg.block_k, cfg.block_n]),
-        _descriptor(out, [cfg.block_m, cfg.block_n // (2 if cfg.split_epilogue else 1)]),
-        a, bases, flags, aux, counters, err, cta_trace, tile_trace, rank, M, w.shape[1], K, chunk_rows, budget,
+    args = (descs.get(a, [cfg.block_m, cfg.block_k]), descs.get(w, [cfg.block_k, cfg.block_n]),
+            descs.get(out, [cfg.block_m, cfg.block_n // (2 if cfg.split_epilogue else 1)]),
+            a, bases, flags, aux, counters, err, cta_trace, tile_trace, rank, M, w.shape[1], K, chunk_rows, budget)
+    constants = dict(
         WORLD=world, PUSH=push, COPIERS=cfg.copiers, COPIERS_JOIN=cfg.copiers_join, EXTERNAL_PRODUCER=external,
         GRID=grid, STATIC=cfg.static, WARP_SPEC=cfg.warp_spec, FLATTEN=cfg.flatten, SPLIT_EPILOGUE=cfg.split_epilogue,
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, COPY_BLOCK=cfg.copy_block,
         TRACE=trace is not None, INTERPRET=interp, DOT_F32=interp, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    return BoundLaunch(ag_gemm_fused_kernel, (grid,), args, constants)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -393,60 +392,79 @@ class AgGemmFused:
         n_tiles = M // cfg.block_m * triton.cdiv(N_local, cfg.block_n)
         self.cta_trace = torch.zeros(self.grid * CTA_TRACE_WORDS.value, dtype=torch.int64, device=ctx.device)
         self.tile_trace = torch.zeros(n_tiles, dtype=torch.int64, device=ctx.device)
+        # Launches bound per set of buffers (kernels/launch.py): descriptors and arguments made once
+        self._descs = DescriptorCache()
+        self._bound = BoundedCache()
         if self.external:
             # The flag copies carry the call's epoch from `stamp`, counted by the guard kernel on the device.
             self.stamp = torch.zeros(1, dtype=torch.int32, device=ctx.device)
             self._side = torch.cuda.Stream(ctx.device) if ctx.device.type == "cuda" else None
+            self._inputs_ready = torch.cuda.Event() if ctx.device.type == "cuda" else None
             # Load the guard kernel now: loading a module while a spinning GEMM holds the GPU waits for
             # that GEMM, which waits for the peer's copies, which wait for the peer's guard (deadlock).
             # Run on a scratch stamp it waits for aux >= 0, which holds at once.
             wait_peers_kernel[(1,)](self.aux.local, torch.zeros_like(self.stamp), ctx.rank, self.err, self.budget,
                                     WORLD=p, INTERPRET=self.interp, num_warps=1)
+            self._guard = BoundLaunch(wait_peers_kernel, (1,), (self.aux.local, self.stamp, ctx.rank, self.err, self.budget),
+                                      dict(WORLD=p, INTERPRET=self.interp, num_warps=1))
         ctx.barrier()  # every rank's flags are zero before anyone signals
 
     def __call__(self, a_full: SymBuffer, w_local: torch.Tensor, out: torch.Tensor, traced: bool = False) -> torch.Tensor:
         """out = all_gather(A) @ w_local. traced: the instrumented build (same schedule) records per CTA
         its start and end (globaltimer ns), ns spent waiting for data chunks and for peers, tiles done and
         when its copies finished, and per tile the ns it waited (cta_trace / tile_trace)."""
-        cfg, ctx = self.cfg, self.ctx
+        key = (buffer_key(a_full.local), buffer_key(w_local), buffer_key(out), traced)
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bound.put(key, self._bind(a_full, w_local, out, traced))
+        launch, pushes = bound
         self.epoch += 1
         if self.epoch >= 1 << 30:
             raise RuntimeError("epoch counter exhausted; build a new AgGemmFused")
-        on_gpu = ctx.device.type == "cuda"
-        if self.external:
-            inputs_ready = torch.cuda.Event() if on_gpu else None
-            if on_gpu:
-                inputs_ready.record()
-            elif not self.producer_after_gemm:  # no streams on the CPU: the producer's work comes first
-                self._copy_engine_push(a_full)
-        _launch(cfg, self.grid, a_full.local, w_local, out, ctx.heap.bases, self.flags.local, self.aux.local,
-                self.counters, self.err, ctx.rank, self.chunk_rows, self.budget, ctx.world, self.push,
-                self.external, (self.cta_trace, self.tile_trace) if traced else None)
-        if self.external and not on_gpu and self.producer_after_gemm:
-            self._copy_engine_push(a_full)
-        if self.external and on_gpu:
-            main = torch.cuda.current_stream(ctx.device)
-            self._side.wait_event(inputs_ready)  # not the GEMM: the copies overlap it
-            with torch.cuda.stream(self._side):
-                self._copy_engine_push(a_full)
-            main.wait_stream(self._side)
+        if not self.external:
+            launch()
+            return out
+        if self._side is None:  # CPU: no streams, the producer's work comes first (or after, when asked)
+            if not self.producer_after_gemm:
+                self._copy_engine_push(pushes)
+            launch()
+            if self.producer_after_gemm:
+                self._copy_engine_push(pushes)
+            return out
+        self._inputs_ready.record()
+        launch()
+        self._side.wait_event(self._inputs_ready)  # not the GEMM: the copies overlap it
+        with torch.cuda.stream(self._side):
+            self._copy_engine_push(pushes)
+        torch.cuda.current_stream(self.ctx.device).wait_stream(self._side)
         return out
 
-    def _copy_engine_push(self, a_full: SymBuffer) -> None:
+    def _bind(self, a_full: SymBuffer, w_local: torch.Tensor, out: torch.Tensor, traced: bool):
+        """The kernel bound to these buffers, and (copy-engine producer) the copies' (destination, source)
+        pairs: per peer and chunk this rank's rows, then the stamp into the peer's flag of the chunk."""
+        ctx, p = self.ctx, self.ctx.world
+        launch = _bind(self.cfg, self.grid, self._descs, a_full.local, w_local, out, ctx.heap.bases, self.flags.local,
+                       self.aux.local, self.counters, self.err, ctx.rank, self.chunk_rows, self.budget, p, self.push,
+                       self.external, (self.cta_trace, self.tile_trace) if traced else None)
+        pushes = []
+        if self.external:
+            shard, rows = self.M // p, self.chunk_rows
+            for d in range(1, p):
+                peer = (ctx.rank + d) % p
+                for c in range(self.n_chunks):
+                    r0 = ctx.rank * shard + c * rows
+                    idx = ctx.rank * self.n_chunks + c
+                    pushes.append((a_full.peers[peer][r0:r0 + rows], a_full.local[r0:r0 + rows]))
+                    pushes.append((self.flags.peers[peer][idx:idx + 1], self.stamp))
+        return launch, pushes
+
+    def _copy_engine_push(self, pushes: list) -> None:
         """The guard (every peer finished reading its previous call's rows; the call's epoch stamped on
         the device), then per peer and chunk a peer copy and, behind it on the same stream, a 4-byte copy
         of the stamp into the peer's flag (a copy starts only when the copy before it has completed)."""
-        ctx, p = self.ctx, self.ctx.world
-        wait_peers_kernel[(1,)](self.aux.local, self.stamp, ctx.rank, self.err, self.budget, WORLD=p,
-                                INTERPRET=self.interp, num_warps=1)
-        shard = self.M // p
-        for d in range(1, p):
-            peer = (ctx.rank + d) % p
-            for c in range(self.n_chunks):
-                r0 = ctx.rank * shard + c * self.chunk_rows
-                a_full.peers[peer][r0:r0 + self.chunk_rows].copy_(a_full.local[r0:r0 + self.chunk_rows], non_blocking=True)
-                idx = ctx.rank * self.n_chunks + c
-                self.flags.peers[peer][idx:idx + 1].copy_(self.stamp, non_blocking=True)
+        self._guard()
+        for dst, src in pushes:
+            dst.copy_(src, non_blocking=True)
 
     def phases(self, a_full: SymBuffer, w_local, out, traced: bool = False) -> list[tuple[str, str, object]]:
         """One launch (plus the copy engine's copies when it is the producer): a single phase."""
@@ -611,13 +629,18 @@ class PersistentGemm:
         self.dummy = torch.zeros(4, dtype=torch.int32, device=device)
         self.bases = torch.zeros(1, dtype=torch.int64, device=device)
         self.epoch = 0
+        self._descs = DescriptorCache()
+        self._bound = BoundedCache()  # launches bound per (a, w, out), as in AgGemmFused
 
     def __call__(self, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        cfg = self.cfg
-        M = a.shape[0]
-        if M % cfg.block_m:
-            raise ValueError(f"M={M} is not a multiple of block_m={cfg.block_m}")
+        key = (buffer_key(a), buffer_key(w), buffer_key(out))
+        launch = self._bound.get(key)
+        if launch is None:
+            M = a.shape[0]
+            if M % self.cfg.block_m:
+                raise ValueError(f"M={M} is not a multiple of block_m={self.cfg.block_m}")
+            launch = self._bound.put(key, _bind(self.cfg, self.grid, self._descs, a, w, out, self.bases, self.dummy,
+                                                self.dummy, self.counters, self.err, 0, chunk_rows=M, budget=1))
         self.epoch += 1
-        _launch(cfg, self.grid, a, w, out, self.bases, self.dummy, self.dummy, self.counters, self.err, 0,
-                chunk_rows=M, budget=1)
+        launch()
         return out

@@ -74,7 +74,8 @@ import torch
 import triton
 import triton.language as tl
 
-from taxes.kernels.ag_gemm import _descriptor, _num_sms, nearest_tuned, rel_error
+from taxes.kernels.ag_gemm import _num_sms, nearest_tuned, rel_error
+from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
 from taxes.kernels.runtime import RankContext, interpreting, replay_graph
 from taxes.kernels.sync import ERR_WORDS, peer_ptr, raise_if_timed_out, signal, wait_at_least, wait_budget
 
@@ -287,41 +288,38 @@ class GemmRsFused:
         self.err = torch.zeros(ERR_WORDS, dtype=torch.int32, device=ctx.device)
         self.budget = wait_budget(wait_s, self.interp)
         self.epoch = 0
-        # TMA descriptors of the buffers that live as long as this object (the owner reads its inbox by TMA)
-        self._inbox_desc = _descriptor(self.inbox.local.view(-1, N), [config.block_m, config.block_n]) if p > 1 else None
+        # TMA descriptors, made once per buffer, and launches bound per (a, w, out) (kernels/launch.py)
+        self._descs = DescriptorCache()
+        self._bound = BoundedCache()
         if self.ce:
             self.staging = torch.empty(((p - 1) * (M // p), N), dtype=inbox_dtype, device=ctx.device)
-            self._staging_desc = _descriptor(self.staging, [config.block_m, config.block_n])
             on_gpu = ctx.device.type == "cuda"
             self._side = torch.cuda.Stream(ctx.device) if on_gpu else None
             self._filled = [torch.cuda.Event() for _ in range(launches - 1)] if on_gpu else []
         ctx.barrier()  # every rank's flags are zero before anyone signals
 
     def __call__(self, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        cfg, ctx = self.cfg, self.ctx
-        _check_call(a, w, out, self.M, self.N, self.K_local, ctx.world)
+        key = (buffer_key(a), buffer_key(w), buffer_key(out))
+        launches = self._bound.get(key)
+        if launches is None:
+            _check_call(a, w, out, self.M, self.N, self.K_local, self.ctx.world)
+            launches = self._bound.put(key, self._bind(a, w, out))
         self.epoch += 1
         if self.epoch >= 1 << 30:
             raise RuntimeError("epoch counter exhausted; build a new GemmRsFused")
-        p, T = ctx.world, self.tiles_per_shard
-        descs = (_descriptor(a, [cfg.block_m, cfg.block_k]), _descriptor(w, [cfg.block_k, cfg.block_n]),
-                 _descriptor(out, [cfg.block_m, cfg.block_n]))
-        descs = descs + (self._inbox_desc or descs[2],)
         if not self.ce:
-            self._launch(descs, descs[2], 0, 0, p * T)
+            launches[0]()
             return out
         # Copy engine: launch (s, c) fills chunk c of the staging block of owner rank+s and ends once the
         # owner has reduced the previous call; then the side stream copies the chunk into the owner's inbox
         # and the epoch into the owner's flag of that chunk (a copy starts when the one before it on its
         # stream has completed). Each copy overlaps the next launch; the own rows' launch comes last.
-        staging = self._staging_desc
-        main = torch.cuda.current_stream(ctx.device) if self._side is not None else None
+        main = torch.cuda.current_stream(self.ctx.device) if self._side is not None else None
         C = self.chunks
-        for s in range(1, p):
+        for s in range(1, self.ctx.world):
             for c in range(C):
                 row = (s - 1) * C + c
-                t0 = (s - 1) * T + c * (T // C)
-                self._launch(descs, staging, row, t0, t0 + T // C)
+                launches[row]()
                 if main is None:
                     self._copy_chunk(s, c, row)
                     continue
@@ -329,21 +327,39 @@ class GemmRsFused:
                 self._side.wait_event(self._filled[row])
                 with torch.cuda.stream(self._side):
                     self._copy_chunk(s, c, row)
-        self._launch(descs, staging, (p - 1) * C, (p - 1) * T, p * T)
+        launches[-1]()
         if main is not None:
             main.wait_stream(self._side)  # the next call refills the staging buffer
         return out
 
-    def _launch(self, descs, staging_desc, row: int, t_begin: int, t_end: int) -> None:
+    def _bind(self, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> list[BoundLaunch]:
+        """The call's launches bound to these buffers: one, or (copy engine) one per chunk of each peer's
+        rows (counters row (s-1)*chunks + c takes that chunk's tiles) and then the own rows'."""
+        cfg, p, T = self.cfg, self.ctx.world, self.tiles_per_shard
+        descs = self._descs
+        d_out = descs.get(out, [cfg.block_m, cfg.block_n])
+        gemm = (descs.get(a, [cfg.block_m, cfg.block_k]), descs.get(w, [cfg.block_k, cfg.block_n]), d_out)
+        inbox = descs.get(self.inbox.local.view(-1, self.N), [cfg.block_m, cfg.block_n]) if p > 1 else d_out
+        if not self.ce:
+            return [self._bind_one(gemm, d_out, inbox, 0, 0, p * T)]
+        staging = descs.get(self.staging, [cfg.block_m, cfg.block_n])
+        C = self.chunks
+        launches = [self._bind_one(gemm, staging, inbox, (s - 1) * C + c, (s - 1) * T + c * (T // C),
+                                   (s - 1) * T + (c + 1) * (T // C))
+                    for s in range(1, p) for c in range(C)]
+        return launches + [self._bind_one(gemm, staging, inbox, (p - 1) * C, (p - 1) * T, p * T)]
+
+    def _bind_one(self, gemm_descs, staging_desc, inbox_desc, row: int, t_begin: int, t_end: int) -> BoundLaunch:
         cfg, ctx = self.cfg, self.ctx
-        gemm_rs_fused_kernel[(self.grid,)](
-            *descs[:3], staging_desc, descs[3], self.inbox.local, self.flags.local, ctx.heap.bases, self.counters[row], self.err,
-            self.done.local, ctx.rank, self.M, self.N, self.K_local, self.budget, t_begin, t_end,
-            self.M // ctx.world // cfg.block_m // self.chunks,
+        args = (*gemm_descs, staging_desc, inbox_desc, self.inbox.local, self.flags.local, ctx.heap.bases,
+                self.counters[row], self.err, self.done.local, ctx.rank, self.M, self.N, self.K_local, self.budget,
+                t_begin, t_end, self.M // ctx.world // cfg.block_m // self.chunks)
+        constants = dict(
             WORLD=ctx.world, GRID=self.grid, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m,
             WARP_SPEC=cfg.warp_spec and not self.interp, INTERPRET=self.interp, DOT_F32=self.interp, CE=self.ce,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
+        return BoundLaunch(gemm_rs_fused_kernel, (self.grid,), args, constants)
 
     def _copy_chunk(self, s: int, c: int, row: int) -> None:
         """The copy engine's part for chunk c of owner rank+s's rows: the rows, then the flag (the launch

@@ -970,7 +970,8 @@ def measure_launch(ctx, plan: Plan, cycles_per_us: float) -> dict:
     def torch_launch():
         x.add_(1)
 
-    # our fused GEMMs' launch path: three TMA descriptors built, then a persistent Triton kernel (tiny shape)
+    # our fused GEMMs' launch path (tiny shape): a persistent Triton kernel with three TMA descriptors, bound
+    # once to its buffers and then launched directly (kernels/launch.py)
     from taxes.kernels.ag_gemm import Config, PersistentGemm
 
     gemm = PersistentGemm(ctx.device, Config(num_stages=3))
