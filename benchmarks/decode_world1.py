@@ -100,13 +100,20 @@ def time_host(fn, n_sets: int, replays: int, **_) -> dict:
 
 
 @triton.jit
-def read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def read_kernel(x_ptr, out_ptr, n, n_iters, BLOCK: tl.constexpr):
     """Each program sums every num_programs-th block of x: a plain streaming read."""
     pid = tl.program_id(0)
     acc = tl.zeros((BLOCK,), tl.float32)
-    for start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK):
-        acc += tl.load(x_ptr + start + tl.arange(0, BLOCK), mask=start + tl.arange(0, BLOCK) < n, other=0.0)
+    for i in range(n_iters):
+        offs = (i * tl.num_programs(0) + pid).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
     tl.store(out_ptr + pid, tl.sum(acc, 0))
+
+
+def read_all(x, part, per_sm=8, block=4096):
+    """One read_kernel launch over every element of x (partial sums in part, sms * per_sm of them)."""
+    grid = part.numel() // 8 * per_sm
+    read_kernel[(grid,)](x, part, x.numel(), triton.cdiv(x.numel(), grid * block), BLOCK=block, num_warps=8)
 
 
 def read_bandwidth(dev) -> dict:
@@ -119,8 +126,7 @@ def read_bandwidth(dev) -> dict:
     part = torch.empty(sms * 8, dtype=torch.float32, device=dev)
     ways = {"torch.sum": lambda i: x.sum()}
     for per_sm in (4, 8):
-        ways[f"triton read, {per_sm} programs per SM"] = (
-            lambda i, p=per_sm: read_kernel[(sms * p,)](x, part, n, BLOCK=4096, num_warps=8))
+        ways[f"triton read, {per_sm} programs per SM"] = lambda i, p=per_sm: read_all(x, part, p)
     for name, fn in ways.items():
         r = time_graph(fn, 1, 10, warm=2, min_graph_us=3000)
         res[name] = {"us": r["us"], "gb_per_s": n * 4 / (r["us"] * 1e-6) / 1e9}
@@ -143,9 +149,10 @@ def make_sets(B, S, D, dev, l2_bytes, smoke):
     for i in range(n):
         g = torch.Generator(device=dev).manual_seed(1000 * i + B + S + D)
         q = torch.randn(B, Hq, D, generator=g, device=dev).to(torch.bfloat16)
-        k = torch.randn(B, Hkv, S, D, generator=g, device=dev).to(torch.bfloat16)
-        v = torch.randn(B, Hkv, S, D, generator=g, device=dev).to(torch.bfloat16)
-        sets.append((q, k, v, torch.empty(B, Hq, D, dtype=torch.bfloat16, device=dev)))
+        kv_buf = torch.empty(2, B, Hkv, S, D, dtype=torch.bfloat16, device=dev)  # K and V side by side
+        for half in kv_buf:
+            half.copy_(torch.randn(B, Hkv, S, D, generator=g, device=dev))
+        sets.append((q, kv_buf[0], kv_buf[1], torch.empty(B, Hq, D, dtype=torch.bfloat16, device=dev), kv_buf))
     return sets, kv
 
 
@@ -168,17 +175,17 @@ def sdpa_peers(sets) -> dict:
     peers = {}
     for name, be in backends.items():
         def gqa(i, be=be):
-            q, k, v, _ = sets[i]
+            q, k, v = sets[i][:3]
             with sdpa_kernel([be]):
                 return F.scaled_dot_product_attention(q.view(B, Hq, 1, D), k, v, enable_gqa=True).view(B, Hq, D), None
 
         def grouped(i, be=be):
-            q, k, v, _ = sets[i]
+            q, k, v = sets[i][:3]
             with sdpa_kernel([be]):
                 return F.scaled_dot_product_attention(q.view(B, Hkv, Hq // Hkv, D), k, v).reshape(B, Hq, D), None
 
         def lse(i, name=name):
-            q, k, v, _ = sets[i]
+            q, k, v = sets[i][:3]
             o, l = fd.sdpa_lse(q, k, v, name)
             return o.reshape(B, Hq, D), l.reshape(B, Hq)
 
@@ -211,7 +218,7 @@ def check_and_time(fn, sets, ref, timer, replays, min_graph_us, poison=None) -> 
 
 def ours_fn(dec, sets):
     def fn(i):
-        q, k, v, out = sets[i]
+        q, k, v, out = sets[i][:4]
         dec(q, k, v, out)
         return out, None
     return fn
@@ -276,7 +283,7 @@ def check_variants(smoke: bool) -> dict:
 # ---- compiling ahead ------------------------------------------------------------------------------
 
 
-def _compile_one(D, block_n, warps, stages):
+def _compile_one(D, block_n, warps, stages, tma=False, evict_first=False):
     """In a worker process: one tiny decode, so Triton compiles (and caches on disk) this variant with
     the same specialisation as the real shapes (Hq=64, Hkv=8, R a multiple of 16)."""
     dev = torch.device("cuda")
@@ -286,7 +293,7 @@ def _compile_one(D, block_n, warps, stages):
     out = torch.empty(1, HQ, D, device=dev, dtype=torch.bfloat16)
     try:
         dec = fd.LocalDecode(1, HQ, HKV, D, S, dev, fd.Config(block_n=block_n, splits=2, num_warps=warps,
-                                                             num_stages=stages))
+                                                             num_stages=stages, tma=tma, evict_first=evict_first))
         dec(q, k, k, out)
         torch.cuda.synchronize()
         return None
@@ -316,20 +323,58 @@ def compile_ahead(variants: list[tuple], limit_s: float) -> dict:
 # ---- the sweep ------------------------------------------------------------------------------------
 
 
-def candidates(B, S, D, sms):
-    """(block_n, warps, stages, programs per SM, splits), without configs that repeat a split count."""
-    seen = set()
+def kernel_variants(D):
+    """(block_n, warps, stages, tma, evict_first) of the sweep: pointer loads, TMA loads (one stage more
+    allowed: no registers staged), pointer loads hinted evict-first (4 warps)."""
+    out = []
     for bn in GRID[D]["block_n"]:
         for w in WARPS:
-            for st in STAGES:
+            for st in STAGES + (5,):
                 if st * bn * D * 4 > SMEM_LIMIT:
                     continue
-                for pps in PPS:
-                    splits, _ = fd.split_count(S, B, HKV, sms, bn, 0, pps)
-                    if (bn, w, st, splits) in seen:
-                        continue
-                    seen.add((bn, w, st, splits))
-                    yield bn, w, st, pps, splits
+                if st in STAGES:
+                    out.append((bn, w, st, False, False))
+                out.append((bn, w, st, True, False))
+                if st in STAGES and w == 4:
+                    out.append((bn, w, st, False, True))
+    return out
+
+
+def candidates(B, S, D, sms):
+    """Configs of the sweep (dicts), without two that give the same kernel and split count."""
+    seen = set()
+    for bn, w, st, tma, ev in kernel_variants(D):
+        for pps in PPS:
+            splits, _ = fd.split_count(S, B, HKV, sms, bn, 0, pps)
+            if (bn, w, st, tma, ev, splits) in seen:
+                continue
+            seen.add((bn, w, st, tma, ev, splits))
+            yield {"block_n": bn, "num_warps": w, "num_stages": st, "tma": tma, "evict_first": ev,
+                   "programs_per_sm": pps, "splits": splits}
+
+
+def tune_shape(B, S, D, Hq, Hkv, sets, ref, dev, sms, timer, args, t_start, smoke):
+    """Every candidate at a few replays, then the best few again at more: (best entry, all entries)."""
+    cands = list(candidates(B, S, D, sms)) if not smoke else [
+        {"block_n": 16, "num_warps": 4, "num_stages": 2, "tma": tma, "evict_first": False, "programs_per_sm": 2,
+         "splits": 2} for tma in (False, True)]
+    entries = []
+    for c in cands:
+        if time.time() - t_start > args.budget_s:
+            break
+        cfg = fd.Config(**{k: v for k, v in c.items() if k != "programs_per_sm"})
+        dec = fd.LocalDecode(B, Hq, Hkv, D, S, dev, cfg)
+        r = measure_ours(dec, sets, ref, timer, args.tune_replays, 1000.0)
+        entries.append({"B": B, "S": S, "D": D, **c, "splits": dec.n_splits, "tma_used": dec.tma,
+                        **{k: r.get(k) for k in ("us", "error")}})
+    ok = sorted((e for e in entries if e["error"] is None), key=lambda e: e["us"])
+    for e in ok[:args.refine]:
+        cfg = fd.Config(**{k: e[k] for k in ("block_n", "num_warps", "num_stages", "tma", "evict_first", "splits")})
+        r = measure_ours(fd.LocalDecode(B, Hq, Hkv, D, S, dev, cfg), sets, ref, timer, args.replays, 2500.0)
+        e["refined_us"] = r.get("us") if "error" not in r else None
+    refined = [e for e in ok[:args.refine] if e.get("refined_us")]
+    best = min(refined, key=lambda e: e["refined_us"]) if refined else (ok[0] if ok else None)
+    return best, entries
 
 
 def run(args):
@@ -351,23 +396,22 @@ def run(args):
     if args.shapes:
         shapes = [s for s in shapes if f"{s[0]}x{s[1]}x{s[2]}" in args.shapes.split(",")]
     if args.tune and not smoke:
-        variants = sorted({(D, bn, w, st) for _, _, D in shapes for bn in GRID[D]["block_n"] for w in WARPS
-                           for st in STAGES if st * bn * D * 4 <= SMEM_LIMIT})
-        compile_ahead(variants, 150)
+        compile_ahead(sorted({(D,) + v for D in {D for _, _, D in shapes} for v in kernel_variants(D)}), 150)
     elif not smoke:
         table = fd.load_tuned()
         chosen = set()
         for B, S, D in shapes:
             c, _, _ = fd.resolve(fd.Config(), B, HKV, S, D, sms, True, table)
-            chosen.add((D, c.block_n, c.num_warps, c.num_stages))
+            chosen.add((D, c.block_n, c.num_warps, c.num_stages, bool(c.tma), bool(c.evict_first)))
         compile_ahead(sorted(chosen), 120)
+    part = torch.empty(sms * 8, dtype=torch.float32, device=dev)
     rows, sweep = [], []
     for B, S, D in shapes:
         if time.time() - t_start > args.budget_s:
             log(f"budget of {args.budget_s} s spent: stopping before B={B} S={S} D={D}")
             break
         sets, kv = make_sets(B, S, D, dev, l2, smoke)
-        q0, k0, v0, _ = sets[0]
+        q0, k0, v0 = sets[0][:3]
         ref = fd.attention_partial_f32(q0, k0, v0)
         Hq, Hkv = q0.shape[1], k0.shape[1]
         io_bytes = kv + 2 * q0.numel() * 2
@@ -381,29 +425,20 @@ def run(args):
         best_peer = min(ok_peers, key=ok_peers.get) if ok_peers else None
         row = {"B": B, "S": S, "D": D, "Hq": Hq, "Hkv": Hkv, "peer": best_peer,
                "peer_us": ok_peers.get(best_peer), "floor_us": floor_us, "kv_bytes": kv, "input_sets": len(sets)}
+        if not smoke:  # a plain read of the same K and V bytes: what any kernel of this size could reach
+            row["read_same_bytes_us"] = timer(lambda i: read_all(sets[i][4], part), len(sets), replays,
+                                              min_graph_us=min_graph)["us"]
         if args.tune:
-            best = None
-            for bn, w, st, pps, splits in candidates(B, S, D, sms) if not smoke else [(16, 4, 2, 2, 2)]:
-                if time.time() - t_start > args.budget_s:
-                    break
-                cfg = fd.Config(block_n=bn, splits=splits, num_warps=w, num_stages=st)
-                dec = fd.LocalDecode(B, Hq, Hkv, D, S, dev, cfg)
-                r = measure_ours(dec, sets, ref, timer, replays, min_graph)
-                entry = {"B": B, "S": S, "D": D, "block_n": bn, "num_warps": w, "num_stages": st,
-                         "programs_per_sm": pps, "splits": dec.n_splits, **{k: r.get(k) for k in ("us", "error")}}
-                sweep.append(entry)
-                if "error" not in r and (best is None or r["us"] < best["us"]):
-                    best = entry
-                del dec
+            best, entries = tune_shape(B, S, D, Hq, Hkv, sets, ref, dev, sms, timer, args, t_start, smoke)
+            sweep += entries
             row["best"] = best
-            row["us"] = best["us"] if best else None
+            row["us"] = (best.get("refined_us") or best["us"]) if best else None
             row["peers_us"] = ok_peers
             lse = {n[:-4]: u for n, u in ok_peers.items() if n.endswith("-lse")}
             row["sdpa_lse"] = min(lse, key=lse.get) if lse else None
             with open(out_dir / "tune_sweep.jsonl", "a") as f:
-                for e in sweep:
-                    if (e["B"], e["S"], e["D"]) == (B, S, D):
-                        f.write(json.dumps(e) + "\n")
+                for e in entries:
+                    f.write(json.dumps(e) + "\n")
         else:
             dec = fd.LocalDecode(B, Hq, Hkv, D, S, dev, fd.Config())
             r = measure_ours(dec, sets, ref, timer, replays, min_graph)
@@ -447,7 +482,7 @@ def flex_row(rows, D, dev, l2, timer, args):
     t0 = time.time()
 
     def fn(i):
-        q, k, v, _ = sets[i]
+        q, k, v = sets[i][:3]
         return flex(q.view(1, HQ, 1, D), k, v, enable_gqa=True).view(1, HQ, D), None
 
     r = check_and_time(fn, sets, ref, timer, args.replays, 2500.0)
@@ -488,8 +523,9 @@ def write(out_dir: Path, args, rows, sweep, meta):
             b = r.get("best")
             if b:
                 entries.append({"B": r["B"], "Hkv": r["Hkv"], "S": r["S"], "D": r["D"], "block_n": b["block_n"],
-                                "num_warps": b["num_warps"], "num_stages": b["num_stages"], "splits": b["splits"],
-                                "programs_per_sm": b["programs_per_sm"], "sm_count": meta["sm_count"], "us": b["us"],
+                                "num_warps": b["num_warps"], "num_stages": b["num_stages"], "tma": b["tma"],
+                                "evict_first": b["evict_first"], "splits": b["splits"],
+                                "programs_per_sm": b["programs_per_sm"], "sm_count": meta["sm_count"], "us": r["us"],
                                 "sdpa_lse": r.get("sdpa_lse")})
         table = {"made_by": meta["command"], "date": meta["date"], "gpu": meta["gpu_name"], "entries": entries}
         (out_dir / "flash_decode_tuned.json").write_text(json.dumps(table, indent=1))
@@ -520,6 +556,7 @@ def main():
     ap.add_argument("--shapes", default="", help="only these BxSxD, comma-separated")
     ap.add_argument("--replays", type=int, default=40)
     ap.add_argument("--tune-replays", type=int, default=5)
+    ap.add_argument("--refine", type=int, default=4, help="tune: re-time this many best configs at --replays")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new shapes after this")
     ap.add_argument("--no-flex", dest="flex", action="store_false")
     ap.add_argument("--no-variants", dest="variants", action="store_false")

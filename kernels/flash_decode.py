@@ -46,6 +46,11 @@ import triton
 import triton.language as tl
 
 from taxes.kernels.runtime import RankContext, interpreting, replay_graph
+
+try:  # host-side TMA descriptors (Triton 3.3 and later)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: pointer loads only
+    TensorDescriptor = None
 from taxes.kernels.sync import (
     ERR_WORDS,
     cta_clock_ns,
@@ -75,6 +80,8 @@ class Config:
     splits: int = 0  # splits per (batch, KV head); 0: the tuned table's rule
     num_warps: int = 0  # 0: the tuned table's
     num_stages: int = 0  # software-pipelined K/V loads in flight; 0: the tuned table's
+    tma: bool | None = None  # K/V through the tensor memory accelerator (needs S % block_n == 0); None: table's
+    evict_first: bool | None = None  # K/V loads hint L2 to evict them first (pointer loads); None: table's
     block_r: int = 16  # rows (batch x query head) per program of the global combine
     signal: str = "flag"  # fused: "flag" or "data" (sentinel overwritten by the payload)
 
@@ -121,10 +128,10 @@ def resolve(config: Config, B: int, Hkv: int, S: int, D: int, sm_count: int, on_
     where the shape and SM count are the ones measured, else its programs-per-SM rule; elsewhere (the
     interpreter) from block_n_for, 4 warps, 2 stages and two programs per SM."""
     e = tuned_entry(B, Hkv, S, D, table) if on_gpu else None
-    pick = {"block_n": block_n_for(B, Hkv), "num_warps": 4, "num_stages": 2}
+    pick = {"block_n": block_n_for(B, Hkv), "num_warps": 4, "num_stages": 2, "tma": False, "evict_first": False}
     if e:
-        pick = {k: e[k] for k in pick}
-    config = replace(config, **{k: v for k, v in pick.items() if getattr(config, k) == 0})
+        pick = {k: e.get(k, v) for k, v in pick.items()}
+    config = replace(config, **{k: v for k, v in pick.items() if getattr(config, k) in (0, None)})
     requested, pps = config.splits, 2.0
     if e and not requested:
         exact = (e["B"] * e["Hkv"], e["S"], e["D"]) == (B * Hkv, S, D) and e.get("sm_count") == sm_count
@@ -195,11 +202,12 @@ def _merge_group(o_part_ptr, lse_part_ptr, out_ptr, inbox_ptr, bases, flags_ptr,
 
 
 @triton.jit(do_not_specialize=["S", "split_len", "n_splits", "rank"])
-def decode_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, count_ptr, out_ptr, inbox_ptr, bases, flags_ptr,
-                  state_ptr, rank, R, S, split_len, n_splits, qk_scale,
+def decode_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr, count_ptr, out_ptr, inbox_ptr, bases,
+                  flags_ptr, state_ptr, rank, R, S, split_len, n_splits, qk_scale,
                   Hq: tl.constexpr, Hkv: tl.constexpr, D: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                   BLOCK_N: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr, OUT: tl.constexpr,
-                  WORLD: tl.constexpr, DATA_SIGNAL: tl.constexpr, DOT_F32: tl.constexpr):
+                  WORLD: tl.constexpr, DATA_SIGNAL: tl.constexpr, TMA: tl.constexpr, EVICT: tl.constexpr,
+                  DOT_F32: tl.constexpr):
     pid = tl.program_id(0)
     sp = pid % n_splits
     grp = pid // n_splits  # = b * Hkv + hkv
@@ -219,9 +227,13 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, count_ptr, out_
     for n in range(start, end, BLOCK_N):
         tok = n + tl.arange(0, BLOCK_N)
         tok_ok = tok < end
-        offs = kv_base + tok.to(tl.int64)[:, None] * D + d[None, :]
-        k = tl.load(k_ptr + offs, mask=tok_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + offs, mask=tok_ok[:, None], other=0.0)
+        if TMA:  # K, V as (B*Hkv*S) x D rows; S and the split length are multiples of BLOCK_N: whole blocks
+            k = k_desc.load([grp * S + n, 0])
+            v = v_desc.load([grp * S + n, 0])
+        else:
+            offs = kv_base + tok.to(tl.int64)[:, None] * D + d[None, :]
+            k = tl.load(k_ptr + offs, mask=tok_ok[:, None], other=0.0, eviction_policy=EVICT)
+            v = tl.load(v_ptr + offs, mask=tok_ok[:, None], other=0.0, eviction_policy=EVICT)
         if DOT_F32:  # Triton 3.6's interpreter multiplies bf16 wrongly; float32 is exact there
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
         else:
@@ -450,6 +462,7 @@ class LocalDecode:
         self.cfg, self.n_splits, self.split_len = resolve(config, B, Hkv, S, D, sm_count_of(device),
                                                           device.type == "cuda", table)
         self.merge_rows, self.merge_splits = _merge_tile(self.G, D, self.cfg.num_warps)
+        self.tma = bool(self.cfg.tma) and S % self.cfg.block_n == 0 and TensorDescriptor is not None
         self.o_part = torch.empty(self.R * self.n_splits * D, dtype=torch.float32, device=device)
         self.lse_part = torch.empty(self.R * self.n_splits, dtype=torch.float32, device=device)
         self.counts = torch.zeros(B * Hkv, dtype=torch.int64, device=device)  # tickets handed out, per group
@@ -466,13 +479,18 @@ class LocalDecode:
         self._check(q, k, v)
         inbox, bases, flags, state, rank, world, data = push or (self.counts, self.counts, self.counts, self.counts,
                                                                   0, 1, False)
+        k_desc, v_desc = k, v  # unused by pointer loads
+        if self.tma:
+            rows, box = self.B * self.Hkv * self.S, [self.cfg.block_n, self.D]
+            k_desc = TensorDescriptor(k, [rows, self.D], [self.D, 1], box)
+            v_desc = TensorDescriptor(v, [rows, self.D], [self.D, 1], box)
         decode_kernel[(self.B * self.Hkv * self.n_splits,)](
-            q, k, v, self.o_part, self.lse_part, self.counts, out, inbox, bases, flags, state, rank, self.R, self.S,
-            self.split_len, self.n_splits, LOG2E / math.sqrt(self.D),
+            q, k, v, k_desc, v_desc, self.o_part, self.lse_part, self.counts, out, inbox, bases, flags, state, rank,
+            self.R, self.S, self.split_len, self.n_splits, LOG2E / math.sqrt(self.D),
             Hq=self.Hq, Hkv=self.Hkv, D=self.D, G=self.G, G_PAD=max(16, triton.next_power_of_2(self.G)),
             BLOCK_N=self.cfg.block_n, MERGE_ROWS=self.merge_rows, MERGE_SPLITS=self.merge_splits, OUT=mode,
-            WORLD=world, DATA_SIGNAL=data, DOT_F32=self.interp, num_warps=self.cfg.num_warps,
-            num_stages=self.cfg.num_stages)
+            WORLD=world, DATA_SIGNAL=data, TMA=self.tma, EVICT="evict_first" if self.cfg.evict_first else "",
+            DOT_F32=self.interp, num_warps=self.cfg.num_warps, num_stages=self.cfg.num_stages)
 
     def final(self, q, k, v, out):
         self._launch(q, k, v, out, OUT_FINAL)
@@ -489,8 +507,9 @@ class LocalDecode:
 
     def describe(self) -> dict:
         c = self.cfg
-        return {"block_n": c.block_n, "num_warps": c.num_warps, "num_stages": c.num_stages, "splits": self.n_splits,
-                "split_len": self.split_len, "programs": self.B * self.Hkv * self.n_splits}
+        return {"block_n": c.block_n, "num_warps": c.num_warps, "num_stages": c.num_stages, "tma": self.tma,
+                "evict_first": bool(c.evict_first), "splits": self.n_splits, "split_len": self.split_len,
+                "programs": self.B * self.Hkv * self.n_splits}
 
 
 def sdpa_lse(q, k, v, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
