@@ -20,13 +20,14 @@ TOLERANCE = 1e-2
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 VARIANTS = {
     "ag-gemm": ("bsp", "bsp-graph", "fused-pull", "fused-push", "fused-push-graph", "torch-async-tp"),
-    "flash-decode": ("bsp", "bsp-graph", "fused-push", "fused-push-graph"),
+    "flash-decode": ("bsp", "bsp-graph", "fused-push", "fused-push-graph", "bsp-sdpa", "bsp-sdpa-graph"),
     "gemm-rs": ("bsp", "bsp-graph", "fused-push", "fused-push-graph", "torch-fused-rs"),
     "tp-mlp": TP_MLP_VARIANTS,
 }
 # the model variant whose prediction (and intermediate bytes) a measured variant is compared with
 MODEL_OF = {"bsp": "bsp", "bsp-graph": "bsp-graph", "fused-pull": "fused-pull", "fused-push": "fused-push",
-            "fused-push-graph": "fused-push-graph"} | {v: v for v in TP_MLP_VARIANTS}
+            "fused-push-graph": "fused-push-graph", "bsp-sdpa": "bsp", "bsp-sdpa-graph": "bsp-graph"} | {
+    v: v for v in TP_MLP_VARIANTS}
 @dataclass
 class Case:
     inputs: list[tuple]  # input sets; run(*inputs[i]) writes the set's last tensor (the output)
