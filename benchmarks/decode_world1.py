@@ -353,11 +353,60 @@ def candidates(B, S, D, sms):
                    "programs_per_sm": pps, "splits": splits}
 
 
+def targeted_candidates(B, S, D, sms, args):
+    """--splits-extra: the --top kernel variants of the --prior sweep at this shape, at the given split
+    counts, and the tuned table's config for the shape (so both are timed in the same run)."""
+    prior = json.loads(Path(args.prior).read_text())["sweep"] if args.prior else []
+    rows = sorted((e for e in prior if (e["B"], e["S"], e["D"]) == (B, S, D) and e.get("us")), key=lambda e: e["us"])
+    variants = []
+    for e in rows:
+        v = (e["block_n"], e["num_warps"], e["num_stages"], e["tma"], e["evict_first"])
+        if v not in variants:
+            variants.append(v)
+    extra = {int(b): [int(x) for x in xs.split(",")] for b, xs in
+             (part.split("=") for part in args.splits_extra.split(";") if part)}.get(B, [])
+    cands, seen = [], set()
+    c, splits, _ = fd.resolve(fd.Config(), B, HKV, S, D, sms, True)
+    table = {"block_n": c.block_n, "num_warps": c.num_warps, "num_stages": c.num_stages, "tma": bool(c.tma),
+             "evict_first": bool(c.evict_first), "splits": splits}
+    for bn, w, st, tma, ev in [tuple(table[k] for k in ("block_n", "num_warps", "num_stages", "tma", "evict_first"))] \
+            + variants[:args.top]:
+        for want in ([splits] if (bn, w, st, tma, ev) == tuple(list(table.values())[:5]) and not cands else extra):
+            n, _ = fd.split_count(S, B, HKV, sms, bn, want)
+            if (bn, w, st, tma, ev, n) in seen:
+                continue
+            seen.add((bn, w, st, tma, ev, n))
+            cands.append({"block_n": bn, "num_warps": w, "num_stages": st, "tma": tma, "evict_first": ev,
+                          "programs_per_sm": round(n * B * HKV / sms, 4), "splits": n})
+    return cands
+
+
+def update_table(rows, meta, out_dir):
+    """Replace the tuned table's entries of the shapes just swept by their new best (kept where the table's
+    own config won); writes kernels/flash_decode_tuned.json and a copy under out_dir."""
+    table = fd.load_tuned()
+    new = {(r["B"], r["S"], r["D"]): r for r in rows if r.get("best")}
+    for e in table["entries"]:
+        r = new.get((e["B"], e["S"], e["D"]))
+        if r:
+            b = r["best"]
+            e.update({k: b[k] for k in ("block_n", "num_warps", "num_stages", "tma", "evict_first", "splits",
+                                         "programs_per_sm")})
+            e["us"] = r["us"]
+            e["from"] = meta["command"]
+    text = json.dumps(table, indent=1) + "\n"
+    fd.TUNED_FILE.write_text(text)
+    (out_dir / "flash_decode_tuned.json").write_text(text)
+
+
 def tune_shape(B, S, D, Hq, Hkv, sets, ref, dev, sms, timer, args, t_start, smoke):
     """Every candidate at a few replays, then the best few again at more: (best entry, all entries)."""
-    cands = list(candidates(B, S, D, sms)) if not smoke else [
-        {"block_n": 16, "num_warps": 4, "num_stages": 2, "tma": tma, "evict_first": False, "programs_per_sm": 2,
-         "splits": 2} for tma in (False, True)]
+    if args.splits_extra and not smoke:
+        cands = targeted_candidates(B, S, D, sms, args)
+    else:
+        cands = list(candidates(B, S, D, sms)) if not smoke else [
+            {"block_n": 16, "num_warps": 4, "num_stages": 2, "tma": tma, "evict_first": False, "programs_per_sm": 2,
+             "splits": 2} for tma in (False, True)]
     entries = []
     for c in cands:
         if time.time() - t_start > args.budget_s:
@@ -418,7 +467,7 @@ def run(args):
         floor_us = io_bytes / (bw["read_gb_per_s"] * 1e3) if bw else None
         replays, min_graph = (args.tune_replays, 1000.0) if args.tune else (args.replays, 2500.0)
         peers = {}
-        if not smoke:
+        if not smoke and args.peers:
             for name, fn in sdpa_peers(sets).items():
                 peers[name] = check_and_time(fn, sets, ref, timer, replays, min_graph)
         ok_peers = {n: r["us"] for n, r in peers.items() if "error" not in r}
@@ -462,6 +511,8 @@ def run(args):
                 break
             flex_row(rows, D, dev, l2, timer, args)
             write(out_dir, args, rows, sweep, meta)
+    if args.update_table and args.tune and not smoke:
+        update_table(rows, meta, out_dir)
     meta["variants_world1"] = check_variants(smoke) if args.variants else None
     log(f"variants at world 1: {json.dumps(meta['variants_world1'])}")
     meta["wall_s"] = time.time() - t_start
@@ -559,6 +610,12 @@ def main():
     ap.add_argument("--refine", type=int, default=4, help="tune: re-time this many best configs at --replays")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new shapes after this")
     ap.add_argument("--no-flex", dest="flex", action="store_false")
+    ap.add_argument("--no-peers", dest="peers", action="store_false")
+    ap.add_argument("--splits-extra", default="", help="tune: 'B=n,n;B=n': these split counts for the --top "
+                    "kernel variants of the --prior sweep, against the tuned table's config")
+    ap.add_argument("--prior", default="", help="tune: an earlier sweep's JSON (--splits-extra)")
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--update-table", action="store_true", help="tune: write the new bests into the tuned table")
     ap.add_argument("--no-variants", dest="variants", action="store_false")
     args = ap.parse_args()
     if args.smoke and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):

@@ -96,7 +96,7 @@ def split_count(S: int, B: int, Hkv: int, sm_count: int, block_n: int, requested
                 programs_per_sm: float = 2.0) -> tuple[int, int]:
     """(splits, tokens per split): about programs_per_sm programs per SM unless `requested`; no split
     empty, each a multiple of block_n."""
-    want = requested or max(1, math.ceil(programs_per_sm * sm_count / (B * Hkv)))
+    want = requested or max(1, math.ceil(programs_per_sm * sm_count / (B * Hkv) - 1e-3))  # 1e-3: a rounded rate
     want = max(1, min(want, math.ceil(S / block_n)))
     per = math.ceil(math.ceil(S / want) / block_n) * block_n
     return math.ceil(S / per), per
