@@ -15,8 +15,11 @@ group as the query length ("-grouped": q viewed as (B, Hkv, G, D)), and the priv
 the log-sum-exp ("-lse", what bsp-sdpa runs); FlexAttention (compiled) at B=1, S=32K is a row, not a peer.
 The read floor is (K, V, q and out bytes) / the read bandwidth this run measures on a 1 GiB buffer.
 
---tune sweeps block_n, num_warps, num_stages and programs per SM for every shape and writes the best of
-each as a table in the format of kernels/flash_decode_tuned.json.
+--tune sweeps block_n, num_warps, num_stages, TMA or pointer loads, evict-first and programs per SM for
+every shape, re-times the best few, and writes the best of each as a table in the format of
+kernels/flash_decode_tuned.json. With --splits-extra it times given split counts for the best kernel
+variants of a --prior sweep against the table's own config, and --update-table writes the winners into
+kernels/flash_decode_tuned.json (what reports/flash_decode/decode_tune2-h100.json did).
 """
 
 from __future__ import annotations

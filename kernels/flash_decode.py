@@ -16,7 +16,9 @@ Kernels:
   by each writer, acquire by it), which keeps the launch correct under Triton's interpreter, where
   programs run one after another. A separate combine kernel cost ~17 us at batch 1 (a few programs
   looping over 32 partial sets after the split kernel ended); the merge in the last arriver runs while
-  other groups still stream KV, and only the last group's merge is exposed.
+  other groups still stream KV, and only the last group's merge is exposed. K and V come through TMA
+  descriptors or pointer loads, block size, warps, pipeline stages and splits as the tuned table
+  (kernels/flash_decode_tuned.json, measured by benchmarks/decode_world1.py --tune) says for the shape.
 - `combine_kernel`: merges N partials of each row with the safe rescaling
   o = sum_i 2^(lse_i - m) o_i / sum_i 2^(lse_i - m), lse = m + log2(sum_i 2^(lse_i - m)), m = max_i lse_i
   (bsp's global combine across ranks).
