@@ -4,34 +4,55 @@ Each rank holds S tokens of K and V (B x Hkv x S x D); the query (B x Hq x D) is
 heads share Hkv KV heads (GQA, G = Hq / Hkv). Every rank ends with the full output (B x Hq x D).
 
 Kernels:
-- `split_kv_kernel`: one program per (batch, KV head, split of the sequence). The G query heads of the
-  group form one tile (padded to 16 rows so tl.dot applies), so K and V are read once per group. It
-  writes each split's partial output, already divided by its softmax sum, and its log-sum-exp in base 2
-  (float32, packed as D + 1 values per (row, split)).
+- `decode_kernel`: the whole per-GPU decode in one launch. One program per (batch, KV head, split of
+  the sequence); the G query heads of the group form one tile (padded to 16 rows so tl.dot applies), so
+  K and V are read once per group. Each program writes its split's partial output (divided by its
+  softmax sum) and log-sum-exp (base 2, float32), then takes a ticket from its group's arrival counter.
+  The program that draws the group's last ticket merges the group's splits and writes the result: the
+  output in the output's dtype (one GPU), the packed float32 (o, lse) rows of the rank's partial (bsp),
+  or that partial pushed into every peer's inbox (fused). Counters only grow (call c hands out tickets
+  c*splits .. c*splits + splits - 1 of each group), so nothing is reset between calls and the launch
+  replays from a CUDA graph. Nobody waits: the last arriver finds every other split written (release
+  by each writer, acquire by it), which keeps the launch correct under Triton's interpreter, where
+  programs run one after another. A separate combine kernel cost ~17 us at batch 1 (a few programs
+  looping over 32 partial sets after the split kernel ended); the merge in the last arriver runs while
+  other groups still stream KV, and only the last group's merge is exposed. K and V come through TMA
+  descriptors or pointer loads, block size, warps, pipeline stages and splits as the tuned table
+  (kernels/flash_decode_tuned.json, measured by benchmarks/decode_world1.py --tune) says for the shape.
 - `combine_kernel`: merges N partials of each row with the safe rescaling
-  o = sum_i 2^(lse_i - m) o_i / sum_i 2^(lse_i - m), lse = m + log2(sum_i 2^(lse_i - m)), m = max_i lse_i.
-- `fused_combine_kernel`: merges the splits, pushes the rank's partial into every peer's inbox, and
-  merges the peers' partials as they arrive, in one launch of a small grid (all programs resident, so
-  the waits cannot deadlock). The signal is a flag per (source rank, row block), or the data itself:
-  the inbox is filled with a sentinel NaN bit pattern that no arithmetic produces, the consumer spins
-  until none of its values is the sentinel, then writes the sentinel back. Inboxes are double-buffered
-  by call parity: a peer can be at most one call ahead (it needs our partial of the next call first).
+  o = sum_i 2^(lse_i - m) o_i / sum_i 2^(lse_i - m), lse = m + log2(sum_i 2^(lse_i - m)), m = max_i lse_i
+  (bsp's global combine across ranks).
+- `fused_combine_kernel`: one program per (batch, KV head): the rank's own partial (left in its inbox
+  slot by the decode kernel) merged with the peers' partials as they arrive. The peers pushed theirs
+  from inside their decode kernels, while their KV still streamed, so by the time this small launch
+  runs they have usually landed. The signal is a flag per (source rank, group), or the data itself: the
+  inbox is filled with a sentinel NaN bit pattern that no arithmetic produces, the consumer spins until
+  none of its values is the sentinel, then writes the sentinel back. Inboxes are double-buffered by
+  call parity: a peer can be at most one call ahead (it needs our partial of the next call first).
 
-Variants: bsp (split-KV, local combine, NCCL all-gather of the packed partials, global combine: four
-launches and a collective), bsp-graph (the same in one CUDA graph), fused-push (split-KV, then the
-fused combine: two launches, no collective).
+Variants: bsp (the local decode to the packed partial, NCCL all-gather, global combine: two launches
+and a collective), bsp-graph (the same in one CUDA graph), fused-push(-graph) (the local decode pushing
+to peers, then the fused combine: two launches, no collective), bsp-sdpa(-graph) (what a user would
+write: PyTorch's attention that returns the log-sum-exp, then the same all-gather and global combine).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
 from taxes.kernels.runtime import RankContext, interpreting, replay_graph
+
+try:  # host-side TMA descriptors (Triton 3.3 and later)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: pointer loads only
+    TensorDescriptor = None
 from taxes.kernels.sync import (
     ERR_WORDS,
     cta_clock_ns,
@@ -46,57 +67,160 @@ from taxes.kernels.sync import (
     wait_budget,
 )
 
-VARIANTS = ("bsp", "bsp-graph", "fused-push", "fused-push-graph")
+VARIANTS = ("bsp", "bsp-graph", "fused-push", "fused-push-graph", "bsp-sdpa", "bsp-sdpa-graph")
 TRACE_WORDS = tl.constexpr(3)  # per program of a traced fused combine: start ns, ns spent waiting for peers, end ns
 SENTINEL_BITS = 0x7F80DEAD  # a NaN payload float arithmetic never produces (it yields 0x7FC00000)
 LOG2E = 1.4426950408889634
+OUT_FINAL, OUT_PACKED, OUT_PUSH = 0, 1, 2  # what decode_kernel's last arrivers write
+TUNED_FILE = Path(__file__).with_name("flash_decode_tuned.json")
+SDPA_LSE_BACKENDS = ("cudnn", "flash", "efficient")  # bsp-sdpa's local attention, tried in this order
 
 
 @dataclass(frozen=True)
 class Config:
-    block_n: int = 0  # KV tokens per step of the split-KV loop; 0: block_n_for(B, Hkv)
-    splits: int = 0  # splits per (batch, KV head); 0: fill the SMs about twice
-    num_warps: int = 4
-    num_stages: int = 2
-    block_r: int = 16  # rows (batch x query head) per program of the combine kernels
+    block_n: int = 0  # KV tokens per step of the decode loop; 0: the tuned table's
+    splits: int = 0  # splits per (batch, KV head); 0: the tuned table's rule
+    num_warps: int = 0  # 0: the tuned table's
+    num_stages: int = 0  # software-pipelined K/V loads in flight; 0: the tuned table's
+    tma: bool | None = None  # K/V through the tensor memory accelerator (needs S % block_n == 0); None: table's
+    evict_first: bool | None = None  # K/V loads hint L2 to evict them first (pointer loads); None: table's
+    block_r: int = 16  # rows (batch x query head) per program of the global combine
     signal: str = "flag"  # fused: "flag" or "data" (sentinel overwritten by the payload)
 
 
 def block_n_for(B: int, Hkv: int) -> int:
-    """The split-KV step when the config leaves it open: 128 tokens when there are at most 8 (batch, KV
-    head) pairs, else 64. At batch 1 (8 pairs) the larger step keeps more bytes in flight per program:
-    fused-push-graph took 54/81/173 us at S=8K/32K/128K against 57/82/183 us with 64 (2 x H200, session
-    4, reports/flash_decode/flash_b1_trials.md; session 3's trial also had 128 fastest at S=128K). Larger
-    batches were measured with 64 only."""
+    """The decode step without a tuned table: 128 tokens when there are at most 8 (batch, KV head) pairs,
+    else 64 (2 x H200 trials, reports/flash_decode/flash_b1_trials.md)."""
     return 128 if B * Hkv <= 8 else 64
 
 
-def split_count(S: int, B: int, Hkv: int, sm_count: int, block_n: int, requested: int = 0) -> tuple[int, int]:
-    """(splits, tokens per split): no split empty, each a multiple of block_n."""
-    want = requested or max(1, math.ceil(2 * sm_count / (B * Hkv)))
+def split_count(S: int, B: int, Hkv: int, sm_count: int, block_n: int, requested: int = 0,
+                programs_per_sm: float = 2.0) -> tuple[int, int]:
+    """(splits, tokens per split): about programs_per_sm programs per SM unless `requested`; no split
+    empty, each a multiple of block_n."""
+    want = requested or max(1, math.ceil(programs_per_sm * sm_count / (B * Hkv) - 1e-3))  # 1e-3: a rounded rate
     want = max(1, min(want, math.ceil(S / block_n)))
     per = math.ceil(math.ceil(S / want) / block_n) * block_n
     return math.ceil(S / per), per
+
+
+def load_tuned(path: Path = TUNED_FILE) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def tuned_entry(B: int, Hkv: int, S: int, D: int, table: dict | None = None) -> dict | None:
+    """The tuned table's entry for this shape, or for the nearest measured one: same head dim (else the
+    nearest), then the least |log2| distance in (batch x KV heads) plus in S. None without a table."""
+    rows = (load_tuned() if table is None else table).get("entries", [])
+    if not rows:
+        return None
+    dist_d = min(abs(math.log2(r["D"] / D)) for r in rows)
+    rows = [r for r in rows if abs(math.log2(r["D"] / D)) == dist_d]
+    return min(rows, key=lambda r: (abs(math.log2(r["B"] * r["Hkv"] / (B * Hkv))) + abs(math.log2(r["S"] / S)),
+                                    -r["S"]))
+
+
+def resolve(config: Config, B: int, Hkv: int, S: int, D: int, sm_count: int, on_gpu: bool,
+            table: dict | None = None) -> tuple[Config, int, int]:
+    """Fill the config's open fields (0) and split the sequence: (config, splits, tokens per split).
+    On a GPU the open fields come from the tuned table (kernels/flash_decode_tuned.json): its splits
+    where the shape and SM count are the ones measured, else its programs-per-SM rule; elsewhere (the
+    interpreter) from block_n_for, 4 warps, 2 stages and two programs per SM."""
+    e = tuned_entry(B, Hkv, S, D, table) if on_gpu else None
+    pick = {"block_n": block_n_for(B, Hkv), "num_warps": 4, "num_stages": 2, "tma": False, "evict_first": False}
+    if e:
+        pick = {k: e.get(k, v) for k, v in pick.items()}
+    config = replace(config, **{k: v for k, v in pick.items() if getattr(config, k) in (0, None)})
+    requested, pps = config.splits, 2.0
+    if e and not requested:
+        exact = (e["B"] * e["Hkv"], e["S"], e["D"]) == (B * Hkv, S, D) and e.get("sm_count") == sm_count
+        same_block = e["block_n"] == config.block_n
+        requested = e["splits"] if exact and same_block else 0
+        pps = e["programs_per_sm"]
+    splits, per = split_count(S, B, Hkv, sm_count, config.block_n, requested, pps)
+    return config, splits, per
 
 
 # ---- kernels --------------------------------------------------------------------------------------
 
 
 @triton.jit
-def split_kv_kernel(q_ptr, k_ptr, v_ptr, part_ptr, S, split_len, n_splits, qk_scale,
-                    Hq: tl.constexpr, Hkv: tl.constexpr, D: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-                    BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
+def _merge_group(o_part_ptr, lse_part_ptr, out_ptr, inbox_ptr, bases, flags_ptr, state_ptr, rank, grp, n_splits, R,
+                 D: tl.constexpr, G: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
+                 OUT: tl.constexpr, WORLD: tl.constexpr, DATA_SIGNAL: tl.constexpr):
+    """The last arriver of group `grp`: merge its splits' partials, MERGE_ROWS query heads by MERGE_SPLITS
+    splits at a time (one [rows, splits, D] tile per step), and write the group's rows."""
+    d = tl.arange(0, D)
+    if OUT == 2:
+        # the epoch lives on the device (state[0]: last finished call), so a CUDA graph can replay the launch
+        epoch = tl.load(state_ptr, volatile=True) + 1
+        parity = epoch % 2
+    for g0 in tl.static_range(0, G, MERGE_ROWS):
+        g = g0 + tl.arange(0, MERGE_ROWS)
+        g_ok = g < G
+        first = (grp * G + g) * n_splits  # partial rows of (query head, split 0)
+        m = tl.full((MERGE_ROWS,), float("-inf"), tl.float32)
+        wsum = tl.zeros((MERGE_ROWS,), tl.float32)
+        acc = tl.zeros((MERGE_ROWS, D), tl.float32)
+        for s0 in range(0, n_splits, MERGE_SPLITS):
+            s = s0 + tl.arange(0, MERGE_SPLITS)
+            ok = g_ok[:, None] & (s < n_splits)[None, :]
+            idx = first[:, None] + s[None, :]
+            # .cg: read at L2, where the other programs' stores are, not from a line this SM's L1 kept
+            lse_c = tl.load(lse_part_ptr + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            o_c = tl.load(o_part_ptr + idx[:, :, None] * D + d[None, None, :], mask=ok[:, :, None], other=0.0,
+                          cache_modifier=".cg")
+            m_new = tl.maximum(m, tl.max(lse_c, 1))
+            m_new = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows past G: keep the arithmetic finite
+            alpha = tl.exp2(m - m_new)
+            w = tl.exp2(lse_c - m_new[:, None])
+            wsum = wsum * alpha + tl.sum(w, 1)
+            acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_c, 1)
+            m = m_new
+        o = acc / wsum[:, None]
+        lse = m + tl.log2(wsum)
+        row = (grp * G + g).to(tl.int64)  # = b * Hq + hkv * G + g
+        if OUT == 0:
+            tl.store(out_ptr + row[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+        elif OUT == 1:
+            dst = out_ptr + row * (D + 1)
+            tl.store(dst[:, None] + d[None, :], o, mask=g_ok[:, None])
+            tl.store(dst + D, lse, mask=g_ok)
+        else:
+            # slot `rank` of this call's parity, in our inbox (the fused combine reads it) and every peer's
+            slot = inbox_ptr + ((parity * WORLD + rank) * R + row) * (D + 1)
+            for dd in range(0, WORLD):
+                dst = peer_ptr(slot, bases, rank, (rank + dd) % WORLD)
+                tl.store(dst[:, None] + d[None, :], o, mask=g_ok[:, None])
+                tl.store(dst + D, lse, mask=g_ok)
+    if OUT == 2:
+        if not DATA_SIGNAL:
+            for dd in range(1, WORLD):
+                peer = (rank + dd) % WORLD
+                signal(peer_ptr(flags_ptr + rank * (R // G) + grp, bases, rank, peer), epoch, "sys")
+
+
+@triton.jit(do_not_specialize=["S", "split_len", "n_splits", "rank"])
+def decode_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr, count_ptr, out_ptr, inbox_ptr, bases,
+                  flags_ptr, state_ptr, rank, R, S, split_len, n_splits, qk_scale,
+                  Hq: tl.constexpr, Hkv: tl.constexpr, D: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
+                  BLOCK_N: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr, OUT: tl.constexpr,
+                  WORLD: tl.constexpr, DATA_SIGNAL: tl.constexpr, TMA: tl.constexpr, EVICT: tl.constexpr,
+                  DOT_F32: tl.constexpr):
     pid = tl.program_id(0)
     sp = pid % n_splits
-    bh = pid // n_splits
-    hkv = bh % Hkv
-    b = bh // Hkv
+    grp = pid // n_splits  # = b * Hkv + hkv
+    hkv = grp % Hkv
+    b = grp // Hkv
     rows = tl.arange(0, G_PAD)
     row_ok = rows < G
     d = tl.arange(0, D)
     heads = hkv * G + rows
     q = tl.load(q_ptr + ((b * Hq + heads) * D)[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
-    kv_base = (b * Hkv + hkv).to(tl.int64) * S * D
+    kv_base = grp.to(tl.int64) * S * D
     start = sp * split_len
     end = tl.minimum(start + split_len, S)
     m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
@@ -105,9 +229,13 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, part_ptr, S, split_len, n_splits, qk_sc
     for n in range(start, end, BLOCK_N):
         tok = n + tl.arange(0, BLOCK_N)
         tok_ok = tok < end
-        offs = kv_base + tok.to(tl.int64)[:, None] * D + d[None, :]
-        k = tl.load(k_ptr + offs, mask=tok_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + offs, mask=tok_ok[:, None], other=0.0)
+        if TMA:  # K, V as (B*Hkv*S) x D rows; S and the split length are multiples of BLOCK_N: whole blocks
+            k = k_desc.load([grp * S + n, 0])
+            v = v_desc.load([grp * S + n, 0])
+        else:
+            offs = kv_base + tok.to(tl.int64)[:, None] * D + d[None, :]
+            k = tl.load(k_ptr + offs, mask=tok_ok[:, None], other=0.0, eviction_policy=EVICT)
+            v = tl.load(v_ptr + offs, mask=tok_ok[:, None], other=0.0, eviction_policy=EVICT)
         if DOT_F32:  # Triton 3.6's interpreter multiplies bf16 wrongly; float32 is exact there
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
         else:
@@ -122,11 +250,16 @@ def split_kv_kernel(q_ptr, k_ptr, v_ptr, part_ptr, S, split_len, n_splits, qk_sc
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    o = acc / l_i[:, None]
-    lse = m_i + tl.log2(l_i)
-    dst = part_ptr + ((b * Hq + heads) * n_splits + sp).to(tl.int64) * (D + 1)
-    tl.store(dst[:, None] + d[None, :], o, mask=row_ok[:, None])
-    tl.store(dst + D, lse, mask=row_ok)
+    prow = (grp * G + rows) * n_splits + sp
+    tl.store(o_part_ptr + prow[:, None] * D + d[None, :], acc / l_i[:, None], mask=row_ok[:, None])
+    tl.store(lse_part_ptr + prow, m_i + tl.log2(l_i), mask=row_ok)
+    # every thread's stores issued, then one release: the group's last arriver sees them all
+    tl.debug_barrier()
+    ticket = tl.atomic_add(count_ptr + grp, 1, sem="acq_rel", scope="gpu")
+    if ticket % n_splits == n_splits - 1:
+        tl.debug_barrier()  # no thread's load of the partials moves above the acquire
+        _merge_group(o_part_ptr, lse_part_ptr, out_ptr, inbox_ptr, bases, flags_ptr, state_ptr, rank, grp, n_splits,
+                     R, D, G, MERGE_ROWS, MERGE_SPLITS, OUT, WORLD, DATA_SIGNAL)
 
 
 @triton.jit
@@ -201,33 +334,26 @@ def _wait_data(box, row_ok, err_ptr, budget, index, epoch, D: tl.constexpr, SENT
 
 
 @triton.jit(do_not_specialize=["rank", "budget"])
-def fused_combine_kernel(part_ptr, inbox_ptr, out_ptr, bases, flags_ptr, err_ptr, state_ptr, trace_ptr, rank, R,
-                         n_splits, n_blocks, budget, WORLD: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr,
+def fused_combine_kernel(inbox_ptr, out_ptr, flags_ptr, err_ptr, state_ptr, trace_ptr, rank, R, n_blocks, budget,
+                         WORLD: tl.constexpr, D: tl.constexpr, G: tl.constexpr, G_POW2: tl.constexpr,
                          DATA_SIGNAL: tl.constexpr, SENTINEL: tl.constexpr, TRACE: tl.constexpr,
                          INTERPRET: tl.constexpr):
+    """One program per (batch, KV head) group: its G rows."""
     pid = tl.program_id(0)
     if TRACE:
         tl.store(trace_ptr + pid * TRACE_WORDS, globaltimer_ns(INTERPRET))
-    # The epoch lives on the device (state[0]: last finished call), so a CUDA graph can replay the launch.
     epoch = tl.load(state_ptr, volatile=True) + 1
-    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < R
-    rows64 = rows.to(tl.int64)
+    g = tl.arange(0, G_POW2)
+    row_ok = g < G
+    rows64 = (pid * G + g).to(tl.int64)
     d = tl.arange(0, D)
     waited = tl.zeros((), tl.int64)
-    # 1. this rank's partial: merge its splits
-    acc, lse = _merge_sets(part_ptr, rows64, row_ok, n_splits, n_splits * (D + 1), D + 1, D, BLOCK_R)
-    # 2. push it into slot `rank` of every peer's inbox (the buffer of this call's parity)
     parity = epoch % 2
-    slot = inbox_ptr + ((parity * WORLD + rank) * R + rows64) * (D + 1)
-    for dd in range(1, WORLD):
-        peer = (rank + dd) % WORLD
-        dst = peer_ptr(slot, bases, rank, peer)
-        tl.store(dst[:, None] + d[None, :], acc, mask=row_ok[:, None])
-        tl.store(dst + D, lse, mask=row_ok)
-        if not DATA_SIGNAL:
-            signal(peer_ptr(flags_ptr + rank * n_blocks + pid, bases, rank, peer), epoch, "sys")
-    # 3. merge the peers' partials as they arrive: (acc, lse) stays a normalised output and its lse
+    # 1. this rank's partial, left in its own slot by the decode kernel (an earlier launch of this stream)
+    own = inbox_ptr + ((parity * WORLD + rank) * R + rows64) * (D + 1)
+    acc = tl.load(own[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+    lse = tl.load(own + D, mask=row_ok, other=0.0)
+    # 2. merge the peers' partials as they arrive: (acc, lse) stays a normalised output and its lse
     for dd in range(1, WORLD):
         src = (rank + dd) % WORLD
         box = inbox_ptr + ((parity * WORLD + src) * R + rows64) * (D + 1)
@@ -236,9 +362,9 @@ def fused_combine_kernel(part_ptr, inbox_ptr, out_ptr, bases, flags_ptr, err_ptr
         if DATA_SIGNAL:
             o_j, lse_j = _wait_data(box, row_ok, err_ptr, budget, src * n_blocks + pid, epoch, D, SENTINEL, INTERPRET)
             # back to the sentinel, for this buffer's next use two calls from now
-            tl.store(box[:, None] + d[None, :], tl.full((BLOCK_R, D), SENTINEL, tl.int32).to(tl.float32, bitcast=True),
+            tl.store(box[:, None] + d[None, :], tl.full((G_POW2, D), SENTINEL, tl.int32).to(tl.float32, bitcast=True),
                      mask=row_ok[:, None])
-            tl.store(box + D, tl.full((BLOCK_R,), SENTINEL, tl.int32).to(tl.float32, bitcast=True), mask=row_ok)
+            tl.store(box + D, tl.full((G_POW2,), SENTINEL, tl.int32).to(tl.float32, bitcast=True), mask=row_ok)
         else:
             wait_at_least(flags_ptr + src * n_blocks + pid, epoch, err_ptr, budget, 1, src * n_blocks + pid, "sys",
                           INTERPRET)
@@ -301,6 +427,113 @@ def reference(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor]) -
     return merge_partials_f32(torch.stack([o for o, _ in parts]), torch.stack([lse for _, lse in parts]))
 
 
+def sm_count_of(device: torch.device) -> int:
+    """The SMs the split count fills (4 stand-in SMs off a GPU, so the interpreter sees several splits)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def check_shape(Hq: int, Hkv: int, D: int) -> None:
+    if Hq % Hkv:
+        raise ValueError(f"Hq={Hq} is not a multiple of Hkv={Hkv}")
+    if D not in (64, 128):
+        raise ValueError(f"head dim D={D} is not supported (64 or 128)")
+
+
+def _merge_tile(G: int, D: int, num_warps: int) -> tuple[int, int]:
+    """(query heads, splits) merged per step by a last arriver: every head of the group at once, and as
+    many splits as keep the [heads, splits, D] float32 tile at 64 values per thread."""
+    rows = triton.next_power_of_2(G)
+    return rows, max(1, (2048 * num_warps) // (rows * D))
+
+
+class LocalDecode:
+    """Attention of q (B x Hq x D) over one GPU's KV (B x Hkv x S x D, contiguous) in one launch of
+    decode_kernel. final(q, k, v, out) writes out (B x Hq x D, q's dtype); packed(q, k, v, dst) writes
+    the float32 rows (o, lse in base 2) of R = B x Hq, D + 1 values each (a rank's partial for a
+    cross-rank combine); push(...) sends that partial to every rank's inbox (FlashDecode's fused
+    variants). The arrival counters make one instance good for one stream at a time."""
+
+    def __init__(self, B: int, Hq: int, Hkv: int, D: int, S: int, device: torch.device, config: Config = Config(),
+                 table: dict | None = None):
+        check_shape(Hq, Hkv, D)
+        self.B, self.Hq, self.Hkv, self.D, self.S = B, Hq, Hkv, D, S
+        self.G = Hq // Hkv
+        self.R = B * Hq
+        self.device = device
+        self.interp = interpreting()
+        self.cfg, self.n_splits, self.split_len = resolve(config, B, Hkv, S, D, sm_count_of(device),
+                                                          device.type == "cuda", table)
+        self.merge_rows, self.merge_splits = _merge_tile(self.G, D, self.cfg.num_warps)
+        self.tma = bool(self.cfg.tma) and S % self.cfg.block_n == 0 and TensorDescriptor is not None
+        self.o_part = torch.empty(self.R * self.n_splits * D, dtype=torch.float32, device=device)
+        self.lse_part = torch.empty(self.R * self.n_splits, dtype=torch.float32, device=device)
+        self.counts = torch.zeros(B * Hkv, dtype=torch.int64, device=device)  # tickets handed out, per group
+
+    def _check(self, q, k, v):
+        want = (self.B, self.Hkv, self.S, self.D)
+        if tuple(k.shape) != want or tuple(v.shape) != want or tuple(q.shape) != (self.B, self.Hq, self.D):
+            raise ValueError(f"decode built for q {(self.B, self.Hq, self.D)} and K, V {want}; got q {tuple(q.shape)}, "
+                             f"K {tuple(k.shape)}, V {tuple(v.shape)}")
+        if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+            raise ValueError("decode wants contiguous q, K and V")
+
+    def _launch(self, q, k, v, out, mode, push=None):
+        self._check(q, k, v)
+        inbox, bases, flags, state, rank, world, data = push or (self.counts, self.counts, self.counts, self.counts,
+                                                                  0, 1, False)
+        k_desc, v_desc = k, v  # unused by pointer loads
+        if self.tma:
+            rows, box = self.B * self.Hkv * self.S, [self.cfg.block_n, self.D]
+            k_desc = TensorDescriptor(k, [rows, self.D], [self.D, 1], box)
+            v_desc = TensorDescriptor(v, [rows, self.D], [self.D, 1], box)
+        decode_kernel[(self.B * self.Hkv * self.n_splits,)](
+            q, k, v, k_desc, v_desc, self.o_part, self.lse_part, self.counts, out, inbox, bases, flags, state, rank,
+            self.R, self.S, self.split_len, self.n_splits, LOG2E / math.sqrt(self.D),
+            Hq=self.Hq, Hkv=self.Hkv, D=self.D, G=self.G, G_PAD=max(16, triton.next_power_of_2(self.G)),
+            BLOCK_N=self.cfg.block_n, MERGE_ROWS=self.merge_rows, MERGE_SPLITS=self.merge_splits, OUT=mode,
+            WORLD=world, DATA_SIGNAL=data, TMA=self.tma, EVICT="evict_first" if self.cfg.evict_first else "",
+            DOT_F32=self.interp, num_warps=self.cfg.num_warps, num_stages=self.cfg.num_stages)
+
+    def final(self, q, k, v, out):
+        self._launch(q, k, v, out, OUT_FINAL)
+        return out
+
+    __call__ = final
+
+    def packed(self, q, k, v, dst):
+        self._launch(q, k, v, dst, OUT_PACKED)
+        return dst
+
+    def push(self, q, k, v, inbox, bases, flags, state, rank, world, data_signal):
+        self._launch(q, k, v, inbox, OUT_PUSH, (inbox, bases, flags, state, rank, world, data_signal))
+
+    def describe(self) -> dict:
+        c = self.cfg
+        return {"block_n": c.block_n, "num_warps": c.num_warps, "num_stages": c.num_stages, "tma": self.tma,
+                "evict_first": bool(c.evict_first), "splits": self.n_splits, "split_len": self.split_len,
+                "programs": self.B * self.Hkv * self.n_splits}
+
+
+def sdpa_lse(q, k, v, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's attention that also returns the log-sum-exp, with the GQA group as the query length:
+    q (B x Hq x D) viewed as (B, Hkv, G, D) against K, V (B, Hkv, S, D), non-causal. Returns (o as
+    (B, Hkv, G, D), natural-log lse as (B, Hkv, G))."""
+    B, Hq, D = q.shape
+    Hkv = k.shape[1]
+    G = Hq // Hkv
+    qg = q.view(B, Hkv, G, D)
+    ops = torch.ops.aten
+    if backend == "cudnn":
+        o, lse = ops._scaled_dot_product_cudnn_attention(qg, k, v, None, True)[:2]
+    elif backend == "flash":
+        o, lse = ops._scaled_dot_product_flash_attention(qg, k, v)[:2]
+    elif backend == "efficient":
+        o, lse = ops._scaled_dot_product_efficient_attention(qg, k, v, None, True)[:2]
+    else:
+        raise ValueError(f"unknown attention backend {backend!r}: choose from {', '.join(SDPA_LSE_BACKENDS)}")
+    return o, lse.reshape(B, Hkv, -1)[..., :G]  # cuDNN adds a trailing 1; the efficient kernel pads L to 32
+
+
 class FlashDecode:
     """One shape on one rank. run(q, k, v, out) -> out (B x Hq x D): attention over every rank's KV.
 
@@ -312,26 +545,24 @@ class FlashDecode:
                  config: Config = Config(), wait_s: float = 5.0):
         if variant not in VARIANTS:
             raise ValueError(f"unknown flash-decode variant {variant!r}: choose from {', '.join(VARIANTS)}")
-        if Hq % Hkv:
-            raise ValueError(f"Hq={Hq} is not a multiple of Hkv={Hkv}")
-        if D not in (64, 128):
-            raise ValueError(f"head dim D={D} is not supported (64 or 128)")
-        if config.block_n == 0:
-            config = replace(config, block_n=block_n_for(B, Hkv))
-        self.ctx, self.variant, self.cfg = ctx, variant, config
+        check_shape(Hq, Hkv, D)
+        self.ctx, self.variant = ctx, variant
+        self.sdpa = variant.startswith("bsp-sdpa")
+        # bsp-sdpa: PyTorch's kernel splits the sequence itself (n_splits says 1: nothing of ours splits)
+        self.decode = None if self.sdpa else LocalDecode(B, Hq, Hkv, D, S, ctx.device, config)
+        self.cfg = config if self.sdpa else self.decode.cfg
+        self.n_splits = 1 if self.sdpa else self.decode.n_splits
+        self.sdpa_backend = None  # the first backend of SDPA_LSE_BACKENDS that runs, found on the first call
         self.B, self.Hq, self.Hkv, self.D, self.S = B, Hq, Hkv, D, S
         self.G = Hq // Hkv
         self.interp = interpreting()
         self.fused = variant.startswith("fused")
         self.graphed = variant.endswith("-graph") and ctx.device.type == "cuda"
         self.graphs: dict = {}
-        sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if ctx.device.type == "cuda" else 4
-        self.n_splits, self.split_len = split_count(S, B, Hkv, sms, config.block_n, config.splits)
         R = B * Hq
         self.R = R
         dev = ctx.device
-        self.part = torch.empty(R * self.n_splits * (D + 1), dtype=torch.float32, device=dev)
-        self.n_blocks = triton.cdiv(R, config.block_r)
+        self.n_blocks = B * Hkv if self.fused else triton.cdiv(R, config.block_r)
         if not self.fused:
             self.local = torch.empty(R * (D + 1), dtype=torch.float32, device=dev)
             self.gathered = torch.empty(ctx.world * R * (D + 1), dtype=torch.float32, device=dev)
@@ -340,7 +571,7 @@ class FlashDecode:
             self.inbox = ctx.heap.alloc((2, p, R, D + 1), torch.float32)
             if config.signal == "data":
                 self.inbox.local.view(torch.int32).fill_(SENTINEL_BITS)
-            self.flags = ctx.heap.zeros((p * self.n_blocks,), torch.int32)
+            self.flags = ctx.heap.zeros((p * self.n_blocks,), torch.int32)  # per (source rank, group)
             self.err = torch.zeros(ERR_WORDS, dtype=torch.int32, device=dev)
             self.state = torch.zeros(2, dtype=torch.int32, device=dev)  # [last finished epoch, programs done]
             self.trace = torch.zeros(self.n_blocks * TRACE_WORDS.value, dtype=torch.int64, device=dev)
@@ -349,20 +580,43 @@ class FlashDecode:
 
     # -- the steps -------------------------------------------------------------------------------------
 
-    def _split(self, q, k, v):
-        G_PAD = max(16, triton.next_power_of_2(self.G))
-        split_kv_kernel[(self.B * self.Hkv * self.n_splits,)](
-            q, k, v, self.part, self.S, self.split_len, self.n_splits, LOG2E / math.sqrt(self.D),
-            Hq=self.Hq, Hkv=self.Hkv, D=self.D, G=self.G, G_PAD=G_PAD, BLOCK_N=self.cfg.block_n,
-            DOT_F32=self.interp, num_warps=self.cfg.num_warps, num_stages=self.cfg.num_stages)
+    def _local_decode(self, q, k, v):
+        self.decode.packed(q, k, v, self.local)
 
-    def _combine(self, part, out, n_sets, stride_row, stride_set, packed):
-        combine_kernel[(self.n_blocks,)](part, out, self.R, n_sets, stride_row, stride_set, D=self.D,
-                                         BLOCK_R=self.cfg.block_r, PACKED_OUT=packed, num_warps=4)
+    def _push_decode(self, q, k, v):
+        ctx = self.ctx
+        self.decode.push(q, k, v, self.inbox.local, ctx.heap.bases, self.flags.local, self.state, ctx.rank, ctx.world,
+                         self.cfg.signal == "data")
 
-    def _local_combine(self):
-        D = self.D
-        self._combine(self.part, self.local, self.n_splits, self.n_splits * (D + 1), D + 1, True)
+    def _local_sdpa(self, q, k, v):
+        """PyTorch's attention with the log-sum-exp, packed like our partial (lse in base 2)."""
+        B, Hkv, G, D = self.B, self.Hkv, self.G, self.D
+        if self.ctx.device.type != "cuda":  # emulated ranks: the float32 math path, same outputs
+            o, lse = attention_partial_f32(q, k, v)
+        else:
+            o, lse = self._sdpa_run(q, k, v)
+        packed = self.local.view(B, Hkv, G, D + 1)
+        packed[..., :D].copy_(o.reshape(B, Hkv, G, D))
+        packed[..., D].copy_(lse.reshape(B, Hkv, G) * LOG2E)
+
+    def _sdpa_run(self, q, k, v):
+        if self.sdpa_backend is not None:
+            return sdpa_lse(q, k, v, self.sdpa_backend)
+        failures = []
+        for name in self._sdpa_order():
+            try:
+                res = sdpa_lse(q, k, v, name)
+            except RuntimeError as e:
+                failures.append(f"{name}: {' '.join(str(e).split())[:120]}")
+                continue
+            self.sdpa_backend = name
+            return res
+        raise RuntimeError("no PyTorch attention backend with the log-sum-exp runs this shape: " + "; ".join(failures))
+
+    def _sdpa_order(self) -> list[str]:
+        e = tuned_entry(self.B, self.Hkv, self.S, self.D)
+        first = e.get("sdpa_lse") if e else None
+        return ([first] if first in SDPA_LSE_BACKENDS else []) + [b for b in SDPA_LSE_BACKENDS if b != first]
 
     def _all_gather(self):
         if self.ctx.backend == "cuda":
@@ -374,15 +628,16 @@ class FlashDecode:
 
     def _global_combine(self, out):
         # gathered is p blocks of R rows: row r of rank i at (i * R + r) * (D + 1)
-        self._combine(self.gathered, out, self.ctx.world, self.D + 1, self.R * (self.D + 1), False)
+        combine_kernel[(self.n_blocks,)](self.gathered, out, self.R, self.ctx.world, self.D + 1, self.R * (self.D + 1),
+                                         D=self.D, BLOCK_R=self.cfg.block_r, PACKED_OUT=False, num_warps=4)
 
     def _fused_combine(self, out, traced=False):
         ctx = self.ctx
         fused_combine_kernel[(self.n_blocks,)](
-            self.part, self.inbox.local, out, ctx.heap.bases, self.flags.local, self.err, self.state, self.trace,
-            ctx.rank, self.R, self.n_splits, self.n_blocks, self.budget, WORLD=ctx.world, D=self.D,
-            BLOCK_R=self.cfg.block_r, DATA_SIGNAL=self.cfg.signal == "data", SENTINEL=SENTINEL_BITS, TRACE=traced,
-            INTERPRET=self.interp, num_warps=4)
+            self.inbox.local, out, self.flags.local, self.err, self.state, self.trace, ctx.rank, self.R, self.n_blocks,
+            self.budget, WORLD=ctx.world, D=self.D, G=self.G, G_POW2=triton.next_power_of_2(self.G),
+            DATA_SIGNAL=self.cfg.signal == "data", SENTINEL=SENTINEL_BITS, TRACE=traced, INTERPRET=self.interp,
+            num_warps=4)
 
     def _emulated_all_gather(self):
         ctx = self.ctx
@@ -398,12 +653,13 @@ class FlashDecode:
 
     def phases(self, q, k, v, out, traced: bool = False) -> list[tuple[str, str, object]]:
         """The eager steps as (name, role, thunk); running the thunks in order is one call."""
-        steps = [("split-kv", "compute", lambda: self._split(q, k, v))]
         if self.fused:
-            return steps + [("fused-combine", "compute", lambda: self._fused_combine(out, traced))]
-        return steps + [("local-combine", "compute", self._local_combine),
-                        ("all-gather", "communication", self._all_gather),
-                        ("global-combine", "compute", lambda: self._global_combine(out))]
+            return [("local-decode", "compute", lambda: self._push_decode(q, k, v)),
+                    ("fused-combine", "compute", lambda: self._fused_combine(out, traced))]
+        local = ("local-sdpa", "compute", lambda: self._local_sdpa(q, k, v)) if self.sdpa else \
+            ("local-decode", "compute", lambda: self._local_decode(q, k, v))
+        return [local, ("all-gather", "communication", self._all_gather),
+                ("global-combine", "compute", lambda: self._global_combine(out))]
 
     def _eager(self, q, k, v, out, traced=False):
         for _, _, step in self.phases(q, k, v, out, traced):

@@ -141,7 +141,10 @@ def bytes_for_case(w, chosen: list[str], sets: int) -> float:
     every other variant's own buffers (gathered and staging buffers, the estimate's "gathered")."""
     from taxes import preflight
 
-    kinds = [v.removesuffix("-graph") if v.startswith("fused") else v for v in chosen]
+    from taxes.variants import lookup
+
+    kinds = [(lookup(v).model if lookup(v) and lookup(v).model else v) for v in chosen]  # bsp-sdpa holds what bsp does
+    kinds = [k.removesuffix("-graph") if k.startswith("fused") else k for k in kinds]
     parts = [preflight.memory_breakdown(w, k, sets) for k in kinds]
     largest = max(range(len(parts)), key=lambda i: sum(parts[i].values()))
     return sum(parts[largest].values()) + sum(p.get("gathered", 0.0) for i, p in enumerate(parts) if i != largest)

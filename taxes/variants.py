@@ -50,6 +50,9 @@ def _table() -> dict[str, tuple[Variant, ...]]:
             rows.append(v(w, "torch-async-tp", "peer"))
         if w == "gemm-rs":
             rows.append(v(w, "torch-fused-rs", "peer"))
+        if w == "flash-decode":  # the bsp a user would write: PyTorch's best local attention + NCCL + combine
+            rows += [v(w, "bsp-sdpa", "bsp", model="bsp"),
+                     v(w, "bsp-sdpa-graph", "graph", True, "bsp-sdpa", "bsp-graph")]
         out[w] = tuple(rows)
     w = "tp-mlp"
     out[w] = (v(w, "all-bsp", "bsp", model="all-bsp"), v(w, "all-graph", "graph", True, "all-bsp", "all-graph"),

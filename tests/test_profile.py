@@ -61,7 +61,8 @@ def test_emulated_profile_of_both_workloads_checks_every_variant_and_closes():
     fd = profile("flash-decode", "B=1,Hq=8,Hkv=2,D=64,S=40", 2, iters=3, warmup=1, emulate=True,
                  config={"block_n": 16}, timeout_s=300)
     for doc, n_cases, names in ((ag.document, 2, {"bsp", "bsp-graph", "fused-pull", "fused-push", "fused-push-graph"}),
-                                (fd.document, 1, {"bsp", "bsp-graph", "fused-push", "fused-push-graph"})):
+                                (fd.document, 1, {"bsp", "bsp-graph", "fused-push", "fused-push-graph", "bsp-sdpa",
+                                                  "bsp-sdpa-graph"})):
         validate(doc)
         assert doc["metadata"]["emulated"] is True and len(doc["cases"]) == n_cases
         for case in doc["cases"]:

@@ -1,0 +1,633 @@
+"""Per-GPU flash decode against PyTorch's attention, on one GPU.
+
+    python benchmarks/decode_world1.py --out DIR --gpu h100 --commit SHA     # the benchmark (result JSON + table)
+    python benchmarks/decode_world1.py --tune --out DIR --gpu h100           # the configuration sweep
+    TRITON_INTERPRET=1 python benchmarks/decode_world1.py --smoke --out DIR  # CPU: the logic on tiny shapes
+
+Shapes: B in {1, 4, 16}, S in {8K, 32K, 128K}, D in {64, 128}, Hq = 64, Hkv = 8, bf16. For each: the
+output of every method is checked against a float32 reference (ours on a NaN-poisoned output, again after
+the timed replays, which move the arrival counters), then timed from CUDA graphs: one graph holds calls
+over KV sets rotated beyond L2 (at least 3 x L2 bytes in all), each replay is timed with events, and the
+median over replays of the time per call is reported. Ours is one replay of the whole per-GPU decode
+(taxes.kernels.flash_decode.LocalDecode with the tuned table's config). Peers: every SDPA backend that
+accepts the shape (cuDNN, flash, efficient; math excluded) with enable_gqa=True, the same backends with the
+group as the query length ("-grouped": q viewed as (B, Hkv, G, D)), and the private ops that also return
+the log-sum-exp ("-lse", what bsp-sdpa runs); FlexAttention (compiled) at B=1, S=32K is a row, not a peer.
+The read floor is (K, V, q and out bytes) / the read bandwidth this run measures on a 1 GiB buffer.
+
+--tune sweeps block_n, num_warps, num_stages, TMA or pointer loads, evict-first and programs per SM for
+every shape, re-times the best few, and writes the best of each as a table in the format of
+kernels/flash_decode_tuned.json. With --splits-extra it times given split counts for the best kernel
+variants of a --prior sweep against the table's own config, and --update-table writes the winners into
+kernels/flash_decode_tuned.json (what reports/flash_decode/decode_tune2-h100.json did).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from taxes.kernels import flash_decode as fd
+
+HQ, HKV = 64, 8
+SHAPES = [(B, S, D) for D in (128, 64) for B in (1, 4, 16) for S in (8192, 32768, 131072)]
+SMOKE_SHAPES = [(1, 64, 64), (2, 40, 128)]  # with Hq=8, Hkv=2 under the interpreter
+TOLERANCE = 1e-2
+GRID = {128: {"block_n": (32, 64, 128)}, 64: {"block_n": (64, 128, 256)}}
+WARPS, STAGES, PPS = (4, 8), (2, 3, 4), (1, 2, 3, 4)
+SMEM_LIMIT = 200 << 10  # K and V stages beyond this cannot be resident (228 KB per SM on Hopper)
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+# ---- timing ---------------------------------------------------------------------------------------
+
+
+def time_graph(fn, n_sets: int, replays: int, warm: int = 2, min_graph_us: float = 2000.0) -> dict:
+    """fn(i) runs one call on input set i. One CUDA graph holds calls over every set in turn, repeated
+    until the graph lasts about min_graph_us; each replay is timed with events; returns the median (and
+    spread) of the time per call."""
+    for i in range(n_sets):
+        fn(i)
+    torch.cuda.synchronize()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for i in range(n_sets):
+        fn(i)
+    t1.record()
+    t1.synchronize()
+    est_us = max(t0.elapsed_time(t1) * 1e3 / n_sets, 1.0)
+    reps = max(1, math.ceil(min_graph_us / (est_us * n_sets)))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            for i in range(n_sets):
+                fn(i)
+    for _ in range(warm):
+        g.replay()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
+    for a, b in events:
+        a.record()
+        g.replay()
+        b.record()
+    torch.cuda.synchronize()
+    calls = reps * n_sets
+    per_call = sorted(a.elapsed_time(b) * 1e3 / calls for a, b in events)
+    del g
+    return {"us": statistics.median(per_call), "min_us": per_call[0], "max_us": per_call[-1], "replays": replays,
+            "calls_per_replay": calls}
+
+
+def time_host(fn, n_sets: int, replays: int, **_) -> dict:
+    """Off a GPU (smoke runs): wall time, which means nothing but exercises the path."""
+    t = []
+    for r in range(replays):
+        s = time.perf_counter()
+        fn(r % n_sets)
+        t.append((time.perf_counter() - s) * 1e6)
+    return {"us": statistics.median(t), "min_us": min(t), "max_us": max(t), "replays": replays, "calls_per_replay": 1}
+
+
+@triton.jit
+def read_kernel(x_ptr, out_ptr, n, n_iters, BLOCK: tl.constexpr):
+    """Each program sums every num_programs-th block of x: a plain streaming read."""
+    pid = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for i in range(n_iters):
+        offs = (i * tl.num_programs(0) + pid).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(acc, 0))
+
+
+def read_all(x, part, per_sm=8, block=4096):
+    """One read_kernel launch over every element of x (partial sums in part, sms * per_sm of them)."""
+    grid = part.numel() // 8 * per_sm
+    read_kernel[(grid,)](x, part, x.numel(), triton.cdiv(x.numel(), grid * block), BLOCK=block, num_warps=8)
+
+
+def read_bandwidth(dev) -> dict:
+    """Bytes per second a full read of a 1 GiB buffer reaches: torch's sum, and a streaming Triton read
+    (read_kernel); the larger is the floor's bandwidth."""
+    n = (1 << 30) // 4
+    x = torch.ones(n, dtype=torch.float32, device=dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    res = {}
+    part = torch.empty(sms * 8, dtype=torch.float32, device=dev)
+    ways = {"torch.sum": lambda i: x.sum()}
+    for per_sm in (4, 8):
+        ways[f"triton read, {per_sm} programs per SM"] = lambda i, p=per_sm: read_all(x, part, p)
+    for name, fn in ways.items():
+        r = time_graph(fn, 1, 10, warm=2, min_graph_us=3000)
+        res[name] = {"us": r["us"], "gb_per_s": n * 4 / (r["us"] * 1e-6) / 1e9}
+    ok = abs(part.sum().item() - n) < 1  # the last Triton read (8 per SM) summed every element (x is ones)
+    del x
+    torch.cuda.empty_cache()
+    best = max(res.values(), key=lambda r: r["gb_per_s"])["gb_per_s"]
+    return {"bytes": n * 4, "ways": res, "read_gb_per_s": best, "triton_read_checked": ok}
+
+
+# ---- methods --------------------------------------------------------------------------------------
+
+
+def make_sets(B, S, D, dev, l2_bytes, smoke):
+    """Input sets: enough that their K and V together exceed 3 x L2 (1 off a GPU)."""
+    Hq, Hkv = (8, 2) if smoke else (HQ, HKV)
+    kv = 2 * B * Hkv * S * D * 2
+    n = 1 if smoke else max(1, math.ceil(3 * l2_bytes / kv))
+    sets = []
+    for i in range(n):
+        g = torch.Generator(device=dev).manual_seed(1000 * i + B + S + D)
+        q = torch.randn(B, Hq, D, generator=g, device=dev).to(torch.bfloat16)
+        kv_buf = torch.empty(2, B, Hkv, S, D, dtype=torch.bfloat16, device=dev)  # K and V side by side
+        for half in kv_buf:
+            half.copy_(torch.randn(B, Hkv, S, D, generator=g, device=dev))
+        sets.append((q, kv_buf[0], kv_buf[1], torch.empty(B, Hq, D, dtype=torch.bfloat16, device=dev), kv_buf))
+    return sets, kv
+
+
+def rel_error(out, ref) -> float:
+    out = out.float().reshape(ref.shape)
+    if not torch.isfinite(out).all():
+        return math.inf
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def sdpa_peers(sets) -> dict:
+    """name -> fn(i) returning (output viewed as B x Hq x D, natural lse or None)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    B, Hq, D = sets[0][0].shape
+    Hkv = sets[0][1].shape[1]
+    peers = {}
+    for name, be in backends.items():
+        def gqa(i, be=be):
+            q, k, v = sets[i][:3]
+            with sdpa_kernel([be]):
+                return F.scaled_dot_product_attention(q.view(B, Hq, 1, D), k, v, enable_gqa=True).view(B, Hq, D), None
+
+        def grouped(i, be=be):
+            q, k, v = sets[i][:3]
+            with sdpa_kernel([be]):
+                return F.scaled_dot_product_attention(q.view(B, Hkv, Hq // Hkv, D), k, v).reshape(B, Hq, D), None
+
+        def lse(i, name=name):
+            q, k, v = sets[i][:3]
+            o, l = fd.sdpa_lse(q, k, v, name)
+            return o.reshape(B, Hq, D), l.reshape(B, Hq)
+
+        peers[name] = gqa
+        peers[f"{name}-grouped"] = grouped
+        peers[f"{name}-lse"] = lse
+    return peers
+
+
+def check_and_time(fn, sets, ref, timer, replays, min_graph_us, poison=None) -> dict:
+    """Check fn on set 0 against the float32 reference (o, natural lse), then time it."""
+    o_ref, lse_ref = ref
+    try:
+        if poison is not None:
+            poison.fill_(float("nan"))
+        o, lse = fn(0)
+        if o.is_cuda:
+            torch.cuda.synchronize()
+        err = rel_error(o, o_ref)
+        lse_err = None if lse is None else (lse.float().reshape(lse_ref.shape) - lse_ref).abs().max().item()
+        if not err <= TOLERANCE or (lse_err is not None and not lse_err <= 1e-2):
+            return {"error": f"wrong result: rel error {err:.3g}, lse max error {lse_err}", "rel_error": err}
+        r = timer(lambda i: fn(i), len(sets), replays, min_graph_us=min_graph_us)
+        return {"rel_error": err, "lse_abs_error": lse_err, **r}
+    except Exception as e:  # a backend refusing the shape, a config that does not compile or fit
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return {"error": " ".join(f"{type(e).__name__}: {e}".split())[:300]}
+
+
+def ours_fn(dec, sets):
+    def fn(i):
+        q, k, v, out = sets[i][:4]
+        dec(q, k, v, out)
+        return out, None
+    return fn
+
+
+def measure_ours(dec, sets, ref, timer, replays, min_graph_us) -> dict:
+    """Ours: checked on a poisoned output, timed, then checked again after the replays."""
+    r = check_and_time(ours_fn(dec, sets), sets, ref, timer, replays, min_graph_us, poison=sets[0][3])
+    if "error" not in r:
+        sets[0][3].fill_(float("nan"))
+        ours_fn(dec, sets)(0)
+        r["rel_error_after"] = rel_error(sets[0][3], ref[0])
+        if not r["rel_error_after"] <= TOLERANCE:
+            r["error"] = f"wrong after the timed replays: rel error {r['rel_error_after']:.3g}"
+    r["config"] = dec.describe()
+    return r
+
+
+# ---- the variants of FlashDecode on one rank --------------------------------------------------------
+
+
+def variants_job(ctx, B, Hq, Hkv, D, S):
+    """Every FlashDecode variant at world 1 (NCCL, symmetric memory, graphs on a GPU): three calls each
+    on a poisoned output, the second traced for the fused ones; the largest relative error per variant."""
+    from taxes.kernels.runtime import interpreting
+
+    g = torch.Generator(device=ctx.device).manual_seed(5)
+    q = torch.randn(B, Hq, D, generator=g, device=ctx.device).to(torch.bfloat16)
+    k = torch.randn(B, Hkv, S, D, generator=g, device=ctx.device).to(torch.bfloat16)
+    v = torch.randn(B, Hkv, S, D, generator=g, device=ctx.device).to(torch.bfloat16)
+    ref = fd.reference(q, [k], [v])
+    out = torch.empty(B, Hq, D, dtype=torch.bfloat16, device=ctx.device)
+    res = {}
+    for variant in fd.VARIANTS:
+        cfg = fd.Config(block_n=16) if interpreting() else fd.Config()
+        try:
+            run = fd.FlashDecode(ctx, B, Hq, Hkv, D, S, torch.bfloat16, variant, cfg)
+            errs = []
+            for i in range(3):
+                out.fill_(float("nan"))
+                run(q, k, v, out, traced=run.fused and i == 1)
+                run.check()
+                errs.append(rel_error(out, ref))
+            res[variant] = {"max_rel_error": max(errs), "splits": run.n_splits,
+                            "sdpa_backend": run.sdpa_backend, "cta_trace_rows": len(run.cta_trace()) if run.fused else None}
+        except Exception as e:
+            res[variant] = {"error": " ".join(f"{type(e).__name__}: {e}".split())[:300]}
+    return res
+
+
+def check_variants(smoke: bool) -> dict:
+    from taxes.kernels.runtime import launch
+
+    shape = (2, 8, 2, 64, 40) if smoke else (2, HQ, HKV, 128, 4096)
+    try:
+        return {"shape": dict(zip(("B", "Hq", "Hkv", "D", "S"), shape)),
+                "results": launch(variants_job, 1, *shape, backend="emulated" if smoke else "cuda", timeout_s=240)[0]}
+    except Exception as e:
+        return {"error": " ".join(str(e).split())[:400]}
+
+
+# ---- compiling ahead ------------------------------------------------------------------------------
+
+
+def _compile_one(D, block_n, warps, stages, tma=False, evict_first=False):
+    """In a worker process: one tiny decode, so Triton compiles (and caches on disk) this variant with
+    the same specialisation as the real shapes (Hq=64, Hkv=8, R a multiple of 16)."""
+    dev = torch.device("cuda")
+    S = block_n * 4
+    q = torch.randn(1, HQ, D, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(1, HKV, S, D, device=dev, dtype=torch.bfloat16)
+    out = torch.empty(1, HQ, D, device=dev, dtype=torch.bfloat16)
+    try:
+        dec = fd.LocalDecode(1, HQ, HKV, D, S, dev, fd.Config(block_n=block_n, splits=2, num_warps=warps,
+                                                             num_stages=stages, tma=tma, evict_first=evict_first))
+        dec(q, k, k, out)
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:
+        return " ".join(f"{type(e).__name__}: {e}".split())[:200]
+
+
+def compile_ahead(variants: list[tuple], limit_s: float) -> dict:
+    """Compile the kernel variants in parallel processes (Triton's disk cache then serves this one)."""
+    import multiprocessing as mp
+
+    t0 = time.time()
+    failed = {}
+    try:
+        with ProcessPoolExecutor(max_workers=min(12, len(variants)), mp_context=mp.get_context("spawn")) as ex:
+            futs = {ex.submit(_compile_one, *v): v for v in variants}
+            for f in as_completed(futs, timeout=limit_s):
+                err = f.result()
+                if err:
+                    failed[futs[f]] = err
+    except Exception as e:
+        log(f"compile ahead stopped: {' '.join(str(e).split())[:200]}")
+    log(f"compiled {len(variants)} variants ahead in {time.time() - t0:.0f} s ({len(failed)} failed)")
+    return failed
+
+
+# ---- the sweep ------------------------------------------------------------------------------------
+
+
+def kernel_variants(D):
+    """(block_n, warps, stages, tma, evict_first) of the sweep: pointer loads, TMA loads (one stage more
+    allowed: no registers staged), pointer loads hinted evict-first (4 warps)."""
+    out = []
+    for bn in GRID[D]["block_n"]:
+        for w in WARPS:
+            for st in STAGES + (5,):
+                if st * bn * D * 4 > SMEM_LIMIT:
+                    continue
+                if st in STAGES:
+                    out.append((bn, w, st, False, False))
+                out.append((bn, w, st, True, False))
+                if st in STAGES and w == 4:
+                    out.append((bn, w, st, False, True))
+    return out
+
+
+def candidates(B, S, D, sms):
+    """Configs of the sweep (dicts), without two that give the same kernel and split count."""
+    seen = set()
+    for bn, w, st, tma, ev in kernel_variants(D):
+        for pps in PPS:
+            splits, _ = fd.split_count(S, B, HKV, sms, bn, 0, pps)
+            if (bn, w, st, tma, ev, splits) in seen:
+                continue
+            seen.add((bn, w, st, tma, ev, splits))
+            yield {"block_n": bn, "num_warps": w, "num_stages": st, "tma": tma, "evict_first": ev,
+                   "programs_per_sm": pps, "splits": splits}
+
+
+def targeted_candidates(B, S, D, sms, args):
+    """--splits-extra: the --top kernel variants of the --prior sweep at this shape, at the given split
+    counts, and the tuned table's config for the shape (so both are timed in the same run)."""
+    prior = json.loads(Path(args.prior).read_text())["sweep"] if args.prior else []
+    rows = sorted((e for e in prior if (e["B"], e["S"], e["D"]) == (B, S, D) and e.get("us")), key=lambda e: e["us"])
+    variants = []
+    for e in rows:
+        v = (e["block_n"], e["num_warps"], e["num_stages"], e["tma"], e["evict_first"])
+        if v not in variants:
+            variants.append(v)
+    extra = {int(b): [int(x) for x in xs.split(",")] for b, xs in
+             (part.split("=") for part in args.splits_extra.split(";") if part)}.get(B, [])
+    cands, seen = [], set()
+    c, splits, _ = fd.resolve(fd.Config(), B, HKV, S, D, sms, True)
+    table = {"block_n": c.block_n, "num_warps": c.num_warps, "num_stages": c.num_stages, "tma": bool(c.tma),
+             "evict_first": bool(c.evict_first), "splits": splits}
+    for bn, w, st, tma, ev in [tuple(table[k] for k in ("block_n", "num_warps", "num_stages", "tma", "evict_first"))] \
+            + variants[:args.top]:
+        for want in ([splits] if (bn, w, st, tma, ev) == tuple(list(table.values())[:5]) and not cands else extra):
+            n, _ = fd.split_count(S, B, HKV, sms, bn, want)
+            if (bn, w, st, tma, ev, n) in seen:
+                continue
+            seen.add((bn, w, st, tma, ev, n))
+            cands.append({"block_n": bn, "num_warps": w, "num_stages": st, "tma": tma, "evict_first": ev,
+                          "programs_per_sm": round(n * B * HKV / sms, 4), "splits": n})
+    return cands
+
+
+def update_table(rows, meta, out_dir):
+    """Replace the tuned table's entries of the shapes just swept by their new best (kept where the table's
+    own config won); writes kernels/flash_decode_tuned.json and a copy under out_dir."""
+    table = fd.load_tuned()
+    new = {(r["B"], r["S"], r["D"]): r for r in rows if r.get("best")}
+    for e in table["entries"]:
+        r = new.get((e["B"], e["S"], e["D"]))
+        if r:
+            b = r["best"]
+            e.update({k: b[k] for k in ("block_n", "num_warps", "num_stages", "tma", "evict_first", "splits",
+                                         "programs_per_sm")})
+            e["us"] = r["us"]
+            e["from"] = meta["command"]
+    text = json.dumps(table, indent=1) + "\n"
+    fd.TUNED_FILE.write_text(text)
+    (out_dir / "flash_decode_tuned.json").write_text(text)
+
+
+def tune_shape(B, S, D, Hq, Hkv, sets, ref, dev, sms, timer, args, t_start, smoke):
+    """Every candidate at a few replays, then the best few again at more: (best entry, all entries)."""
+    if args.splits_extra and not smoke:
+        cands = targeted_candidates(B, S, D, sms, args)
+    else:
+        cands = list(candidates(B, S, D, sms)) if not smoke else [
+            {"block_n": 16, "num_warps": 4, "num_stages": 2, "tma": tma, "evict_first": False, "programs_per_sm": 2,
+             "splits": 2} for tma in (False, True)]
+    entries = []
+    for c in cands:
+        if time.time() - t_start > args.budget_s:
+            break
+        cfg = fd.Config(**{k: v for k, v in c.items() if k != "programs_per_sm"})
+        dec = fd.LocalDecode(B, Hq, Hkv, D, S, dev, cfg)
+        r = measure_ours(dec, sets, ref, timer, args.tune_replays, 1000.0)
+        entries.append({"B": B, "S": S, "D": D, **c, "splits": dec.n_splits, "tma_used": dec.tma,
+                        **{k: r.get(k) for k in ("us", "error")}})
+    ok = sorted((e for e in entries if e["error"] is None), key=lambda e: e["us"])
+    for e in ok[:args.refine]:
+        cfg = fd.Config(**{k: e[k] for k in ("block_n", "num_warps", "num_stages", "tma", "evict_first", "splits")})
+        r = measure_ours(fd.LocalDecode(B, Hq, Hkv, D, S, dev, cfg), sets, ref, timer, args.replays, 2500.0)
+        e["refined_us"] = r.get("us") if "error" not in r else None
+    refined = [e for e in ok[:args.refine] if e.get("refined_us")]
+    best = min(refined, key=lambda e: e["refined_us"]) if refined else (ok[0] if ok else None)
+    return best, entries
+
+
+def run(args):
+    smoke = args.smoke
+    dev = torch.device("cpu" if smoke else "cuda")
+    t_start = time.time()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    timer = time_host if smoke else time_graph
+    l2 = 0 if smoke else torch.cuda.get_device_properties(dev).L2_cache_size
+    sms = fd.sm_count_of(dev)
+    meta = metadata(args, l2, sms)
+    log(json.dumps(meta))
+    bw = None if smoke else read_bandwidth(dev)
+    meta["read_bandwidth"] = bw
+    if bw:
+        log(f"read bandwidth: {bw['read_gb_per_s']:.0f} GB/s {json.dumps(bw['ways'])}")
+    shapes = SMOKE_SHAPES if smoke else SHAPES
+    if args.shapes:
+        shapes = [s for s in shapes if f"{s[0]}x{s[1]}x{s[2]}" in args.shapes.split(",")]
+    if args.tune and not smoke:
+        compile_ahead(sorted({(D,) + v for D in {D for _, _, D in shapes} for v in kernel_variants(D)}), 150)
+    elif not smoke:
+        table = fd.load_tuned()
+        chosen = set()
+        for B, S, D in shapes:
+            c, _, _ = fd.resolve(fd.Config(), B, HKV, S, D, sms, True, table)
+            chosen.add((D, c.block_n, c.num_warps, c.num_stages, bool(c.tma), bool(c.evict_first)))
+        compile_ahead(sorted(chosen), 120)
+    part = torch.empty(sms * 8, dtype=torch.float32, device=dev)
+    rows, sweep = [], []
+    for B, S, D in shapes:
+        if time.time() - t_start > args.budget_s:
+            log(f"budget of {args.budget_s} s spent: stopping before B={B} S={S} D={D}")
+            break
+        sets, kv = make_sets(B, S, D, dev, l2, smoke)
+        q0, k0, v0 = sets[0][:3]
+        ref = fd.attention_partial_f32(q0, k0, v0)
+        Hq, Hkv = q0.shape[1], k0.shape[1]
+        io_bytes = kv + 2 * q0.numel() * 2
+        floor_us = io_bytes / (bw["read_gb_per_s"] * 1e3) if bw else None
+        replays, min_graph = (args.tune_replays, 1000.0) if args.tune else (args.replays, 2500.0)
+        peers = {}
+        if not smoke and args.peers:
+            for name, fn in sdpa_peers(sets).items():
+                peers[name] = check_and_time(fn, sets, ref, timer, replays, min_graph)
+        ok_peers = {n: r["us"] for n, r in peers.items() if "error" not in r}
+        best_peer = min(ok_peers, key=ok_peers.get) if ok_peers else None
+        row = {"B": B, "S": S, "D": D, "Hq": Hq, "Hkv": Hkv, "peer": best_peer,
+               "peer_us": ok_peers.get(best_peer), "floor_us": floor_us, "kv_bytes": kv, "input_sets": len(sets)}
+        if not smoke:  # a plain read of the same K and V bytes: what any kernel of this size could reach
+            row["read_same_bytes_us"] = timer(lambda i: read_all(sets[i][4], part), len(sets), replays,
+                                              min_graph_us=min_graph)["us"]
+        if args.tune:
+            best, entries = tune_shape(B, S, D, Hq, Hkv, sets, ref, dev, sms, timer, args, t_start, smoke)
+            sweep += entries
+            row["best"] = best
+            row["us"] = (best.get("refined_us") or best["us"]) if best else None
+            row["peers_us"] = ok_peers
+            lse = {n[:-4]: u for n, u in ok_peers.items() if n.endswith("-lse")}
+            row["sdpa_lse"] = min(lse, key=lse.get) if lse else None
+            with open(out_dir / "tune_sweep.jsonl", "a") as f:
+                for e in entries:
+                    f.write(json.dumps(e) + "\n")
+        else:
+            dec = fd.LocalDecode(B, Hq, Hkv, D, S, dev, fd.Config())
+            r = measure_ours(dec, sets, ref, timer, replays, min_graph)
+            row.update({"us": r.get("us"), "ours": r, "peers": peers, "peers_us": ok_peers})
+            del dec
+        if row.get("us") and row["peer_us"]:
+            row["ratio_to_peer"] = row["us"] / row["peer_us"]
+        if row.get("us") and floor_us:
+            row["hbm_fraction"] = floor_us / row["us"]
+        rows.append(row)
+        log(f"B={B:>2} S={S:>6} D={D:>3}: ours {fmt(row.get('us'))} us, peer {best_peer} {fmt(row['peer_us'])} us, "
+            f"floor {fmt(floor_us)} us, {json.dumps({n: round(u, 1) for n, u in ok_peers.items()})}")
+        write(out_dir, args, rows, sweep, meta)
+        del sets, ref
+        if not smoke:
+            torch.cuda.empty_cache()
+    if args.flex and not smoke:
+        for D in (128, 64):
+            if time.time() - t_start > args.budget_s - 60:
+                log("no time left for FlexAttention")
+                break
+            flex_row(rows, D, dev, l2, timer, args)
+            write(out_dir, args, rows, sweep, meta)
+    if args.update_table and args.tune and not smoke:
+        update_table(rows, meta, out_dir)
+    meta["variants_world1"] = check_variants(smoke) if args.variants else None
+    log(f"variants at world 1: {json.dumps(meta['variants_world1'])}")
+    meta["wall_s"] = time.time() - t_start
+    write(out_dir, args, rows, sweep, meta)
+    print_table(rows)
+
+
+def flex_row(rows, D, dev, l2, timer, args):
+    """FlexAttention (torch.compile) at B=1, S=32K: a row of its own, not a peer."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    row = next((r for r in rows if (r["B"], r["S"], r["D"]) == (1, 32768, D)), None)
+    if row is None:
+        return
+    sets, _ = make_sets(1, 32768, D, dev, l2, False)
+    ref = fd.attention_partial_f32(*sets[0][:3])
+    flex = torch.compile(flex_attention, dynamic=False)
+    t0 = time.time()
+
+    def fn(i):
+        q, k, v = sets[i][:3]
+        return flex(q.view(1, HQ, 1, D), k, v, enable_gqa=True).view(1, HQ, D), None
+
+    r = check_and_time(fn, sets, ref, timer, args.replays, 2500.0)
+    r["compile_and_time_s"] = time.time() - t0
+    row["flex_compiled"] = r
+    log(f"flex attention B=1 S=32K D={D}: {json.dumps(r)}")
+
+
+def fmt(x):
+    return "-" if x is None else f"{x:.1f}"
+
+
+def metadata(args, l2, sms) -> dict:
+    import triton
+
+    props = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
+    meta = {"benchmark": "benchmarks/decode_world1.py", "command": " ".join(sys.argv),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "git_commit": args.commit, "torch_version": torch.__version__, "triton_version": triton.__version__,
+            "gpu_name": props.name if props else None, "sm_count": sms, "l2_bytes": l2, "Hq": HQ, "Hkv": HKV,
+            "dtype": "bf16", "tolerance": TOLERANCE,
+            "timing": "CUDA graph of calls over rotated input sets (>= 3 x L2 bytes of K and V); events around "
+                      "each replay; median over replays of time per call",
+            "floor": "(K, V, q and out bytes) / read_bandwidth.read_gb_per_s"}
+    if torch.cuda.is_available():
+        from taxes.harness import gpu_metadata
+
+        meta.update({k: v for k, v in gpu_metadata().items() if k in ("clocks", "cuda_version")})
+    return meta
+
+
+def write(out_dir: Path, args, rows, sweep, meta):
+    name = args.name
+    if args.tune:
+        (out_dir / f"{name}.json").write_text(json.dumps({"metadata": meta, "shapes": rows, "sweep": sweep}, indent=1))
+        entries = []
+        for r in rows:
+            b = r.get("best")
+            if b:
+                entries.append({"B": r["B"], "Hkv": r["Hkv"], "S": r["S"], "D": r["D"], "block_n": b["block_n"],
+                                "num_warps": b["num_warps"], "num_stages": b["num_stages"], "tma": b["tma"],
+                                "evict_first": b["evict_first"], "splits": b["splits"],
+                                "programs_per_sm": b["programs_per_sm"], "sm_count": meta["sm_count"], "us": r["us"],
+                                "sdpa_lse": r.get("sdpa_lse")})
+        table = {"made_by": meta["command"], "date": meta["date"], "gpu": meta["gpu_name"], "entries": entries}
+        (out_dir / "flash_decode_tuned.json").write_text(json.dumps(table, indent=1))
+    else:
+        (out_dir / f"{name}.json").write_text(json.dumps(rows, indent=1))
+        (out_dir / f"{name}-meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def print_table(rows):
+    log("\n|  B |      S |   D | ours us | best SDPA peer      | peer us | ours/peer | floor us | hbm frac |")
+    log("|---:|-------:|----:|--------:|:--------------------|--------:|----------:|---------:|---------:|")
+    for r in rows:
+        ratio = r.get("ratio_to_peer")
+        frac = r.get("hbm_fraction")
+        log(f"| {r['B']:>2} | {r['S']:>6} | {r['D']:>3} | {fmt(r.get('us')):>7} | {str(r['peer']):<19} | "
+            f"{fmt(r['peer_us']):>7} | {'-' if ratio is None else f'{ratio:.3f}':>9} | {fmt(r['floor_us']):>8} | "
+            f"{'-' if frac is None else f'{frac:.3f}':>8} |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for the result JSON")
+    ap.add_argument("--gpu", default="gpu", help="short GPU name for the file name, e.g. h100")
+    ap.add_argument("--name", default=None, help="result file name without .json (default world1-<gpu>)")
+    ap.add_argument("--commit", default=None, help="the git commit that ran (the device copy has no .git)")
+    ap.add_argument("--tune", action="store_true", help="sweep configurations instead of the benchmark")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes under the interpreter, no GPU")
+    ap.add_argument("--shapes", default="", help="only these BxSxD, comma-separated")
+    ap.add_argument("--replays", type=int, default=40)
+    ap.add_argument("--tune-replays", type=int, default=5)
+    ap.add_argument("--refine", type=int, default=4, help="tune: re-time this many best configs at --replays")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new shapes after this")
+    ap.add_argument("--no-flex", dest="flex", action="store_false")
+    ap.add_argument("--no-peers", dest="peers", action="store_false")
+    ap.add_argument("--splits-extra", default="", help="tune: 'B=n,n;B=n': these split counts for the --top "
+                    "kernel variants of the --prior sweep, against the tuned table's config")
+    ap.add_argument("--prior", default="", help="tune: an earlier sweep's JSON (--splits-extra)")
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--update-table", action="store_true", help="tune: write the new bests into the tuned table")
+    ap.add_argument("--no-variants", dest="variants", action="store_false")
+    args = ap.parse_args()
+    if args.smoke and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        sys.exit("--smoke runs under Triton's interpreter: set TRITON_INTERPRET=1")
+    if not args.smoke and not torch.cuda.is_available():
+        sys.exit("no CUDA GPU: use --smoke with TRITON_INTERPRET=1 for the CPU path")
+    args.name = args.name or (f"decode_tune-{args.gpu}" if args.tune else f"world1-{args.gpu}")
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
