@@ -237,33 +237,35 @@ def _gemm_rs_steps(w: GemmRs, variant: str, hw: HardwareProfile, fl: Floor, opt:
 
 
 def _flash_decode_steps(w: FlashDecode, variant: str, hw: HardwareProfile, fl: Floor, opt: ModelOptions) -> list[Step]:
+    """One launch decodes the rank's KV (its splits' partials merged by the last program of each group);
+    bsp then all-gathers the packed partials and combines them; fused pushes them from the decode and one
+    combine kernel merges the peers' as they arrive."""
     p, part = w.world, w.partial_bytes()
     splits = w.kv_splits(hw.sm_count)
-    split_io = splits * part  # the split-KV kernel's partials, written then read by the combine
-    attention = _compute_step("split_kv_attention", fl, _work_us(w, hw, hw.matmul_efficiency), _hbm_us(split_io, hw),
-                              launcher="triton")
-    if variant in BSP_VARIANTS:
+    split_io = splits * part  # the splits' partials, written then read by the group's last program
+    bsp = variant in BSP_VARIANTS
+    # bsp: the group's last program also writes the rank's packed partial for the all-gather
+    decode = _compute_step("local_decode", fl, _work_us(w, hw, hw.matmul_efficiency),
+                           _hbm_us(2 * split_io + (part if bsp else 0.0), hw), launcher="triton")
+    if bsp:
         return [
-            attention,
-            _small_kernel_step("local_combine", hw, _hbm_us(split_io + part, hw), floor_us=hw.combine_kernel_us(splits)),
+            decode,
             _collective_step("all_gather_partials", w, hw, fl, w.link_bytes(), _hbm_us(part + p * part, hw)),
             _small_kernel_step("global_combine", hw, _hbm_us(p * part, hw), floor_us=hw.combine_kernel_us(p)),
         ]
-    # Fused: one combine kernel merges the splits, sends the rank's partial to every peer (push) or
-    # publishes it for them to read (pull), and merges peers' partials as their flags arrive.
     push = variant.startswith("fused-push")
     rate = hw.inbound_bytes_per_us(p) * hw.p2p_efficiency
     transfer = (w.link_bytes() / rate + hw.link_latency_us + (hw.flag_round_trip_us / 2 if push else hw.flag_round_trip_us)) if p > 1 else 0.0
-    locality = _hbm_us(split_io + 2 * (p - 1) * part, hw)
+    locality = _hbm_us(2 * (p - 1) * part, hw)
     unhideable = min(fl.unhideable_link_us, transfer)
     combine = Step(f"combine_{variant.replace('-', '_')}", "compute", {
         "locality": locality,
-        "inefficiency": max(0.0, hw.combine_kernel_us(splits + p) - locality),  # merges the splits, then p partials
+        "inefficiency": max(0.0, hw.combine_kernel_us(p) - locality),  # merges the p partials
         "sync_wait": hw.rank_skew_us if p > 1 else 0.0,
         "ideal": unhideable,
         "exposed_transfer": transfer - unhideable,
     }, "triton")
-    return [attention, combine]
+    return [decode, combine]
 
 
 def _tp_mlp_steps(w: TpMlp, variant: str, hw: HardwareProfile, fl: Floor, opt: ModelOptions) -> list[Step]:

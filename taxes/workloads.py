@@ -222,21 +222,20 @@ class FlashDecode:
         return split_round_trip + 2 * (p - 1) * part
 
     def phase_work(self, variant: str, splits: int = 1) -> dict[str, tuple[float, float]]:
-        """Per compute phase: (FLOPs, HBM bytes read and written, intermediates included). splits: the
-        split-KV kernel's partial sets per row."""
+        """Per compute phase: (FLOPs, HBM bytes read and written, intermediates included). splits: the local
+        decode's KV splits per (batch, KV head), whose partials the last program of each group merges."""
         p, part = self.world, self.partial_bytes()
         q_out = self.B * self.Hq * self.D * self.elt
-        split = (self.flops(), self.kv_bytes() + q_out + splits * part)
-        if variant in BSP_VARIANTS:
-            return {"split-kv": split, "local-combine": (0.0, splits * part + part),
-                    "global-combine": (0.0, p * part + q_out)}
-        return {"split-kv": split, "fused-combine": (0.0, splits * part + 2 * (p - 1) * part + q_out)}
+        local = (self.flops(), self.kv_bytes() + q_out + 2 * splits * part + part)
+        if variant in BSP_VARIANTS:  # local-sdpa is the same work done by PyTorch's attention
+            return {"local-decode": local, "local-sdpa": local, "global-combine": (0.0, p * part + q_out)}
+        return {"local-decode": (local[0], local[1] + (p - 1) * part), "fused-combine": (0.0, p * part + q_out)}
 
     def kernel_count(self, variant: str) -> int:
         _check_variant(variant)
-        # bsp: split-KV, local combine, all-gather, global combine. fused: split-KV, and one
-        # combine kernel that pushes/pulls the partials and merges them as they arrive.
-        return 4 if variant in BSP_VARIANTS else 2
+        # bsp: the local decode, all-gather, global combine. fused: the local decode (which pushes the
+        # rank's partial to its peers) and the combine that merges them as they arrive.
+        return 3 if variant in BSP_VARIANTS else 2
 
 
 @dataclass(frozen=True)

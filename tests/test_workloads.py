@@ -213,7 +213,7 @@ def test_flash_decode_quantities_by_hand():
     assert w.intermediate_bytes("bsp", splits=5) == 2 * 5 * part + 2 * part + 2 * 4 * part
     assert w.intermediate_bytes("fused-pull") == 2 * part + 2 * 3 * part
     assert w.intermediate_bytes("fused-push", splits=3) == 2 * 3 * part + 2 * 3 * part
-    assert [w.kernel_count(v) for v in MODEL_VARIANTS] == [4, 4, 2, 2, 2]
+    assert [w.kernel_count(v) for v in MODEL_VARIANTS] == [3, 3, 2, 2, 2]
 
 
 def test_kv_splits_by_hand():
