@@ -81,6 +81,8 @@ def case_document(results: list[dict], workload: str, world: int, dtype: str, hw
             tls = {clock: [assemble(r, raw, graph_phases=twin, comm_phases=comm) for r, raw in enumerate(rs)]
                    for clock, rs in raws.items()}
             entry.update(attribute_variant(w, name, tls, samples, hw, v0.get("facts", {})))
+            if v0.get("clock_errors"):
+                entry["attribution"]["clock_errors"] = v0["clock_errors"]
             main = tls[entry["attribution"]["clock"]]
             eager_order[name] = _phase_order(main[0])
         _predict_into(entry, w, hw)

@@ -147,11 +147,15 @@ def _rank_case(ctx, job, shape: dict, clocks: dict) -> dict:
                 agree(ctx, res, instrumented)
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize()
-    if clocks.get("extra"):
+    if clocks.get("extra"):  # a second clock is a comparison: its failure fails nothing else
         for variant, res, runner in built:
-            if hasattr(runner, "phases"):
-                agree(ctx, res, lambda: _instrumented_block(ctx, job.workload, case, variant, runner, job.iters,
-                                                            job.warmup, clocks["extra"], res))
+            if hasattr(runner, "phases") and res["error"] is None:
+                extra = {"error": None}
+                agree(ctx, extra, lambda: _instrumented_block(ctx, job.workload, case, variant, runner, job.iters,
+                                                              job.warmup, clocks["extra"], res))
+                if extra["error"]:
+                    res["raw"].pop(clocks["extra"], None)
+                    res.setdefault("clock_errors", {})[clocks["extra"]] = extra["error"]
     worst = ctx.all_max([-1.0 if res["rel_error"] is None else res["rel_error"] for _, res, _ in built])
     for (_, res, _), e in zip(built, worst):
         res["rel_error"] = None if e < 0 else e
