@@ -50,6 +50,43 @@ class HostRecorder(HostStamps):
         return pd.DataFrame(acts), pd.DataFrame(launches), pd.DataFrame(self.host)
 
 
+class ProfilerRecorder:
+    """The clock without cupti-python: torch.profiler (CPU and CUDA activities), read back through
+    to_timeline. Our steps and calls are record_function ranges (taxes:step:N, taxes:call:NAME)."""
+
+    name = "torch.profiler"
+
+    def start(self) -> "ProfilerRecorder":
+        from torch.profiler import ProfilerActivity, profile
+
+        self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        self._prof.__enter__()
+        return self
+
+    def step(self, i: int):
+        from torch.profiler import record_function
+
+        return record_function(f"taxes:step:{i}")
+
+    def call(self, name: str):
+        from torch.profiler import record_function
+
+        return record_function(f"taxes:call:{name}")
+
+    def stop(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        import tempfile
+        from pathlib import Path
+
+        self._prof.__exit__(None, None, None)
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "trace.json"
+            self._prof.export_chrome_trace(str(path))
+            from taxes.kineto import load_trace, to_timeline
+
+            tl = to_timeline(load_trace(path), 0)
+        return tl.activities, tl.launches, tl.host
+
+
 def make_recorder(clock: str, on_gpu: bool):
     """A fresh recorder: cupti-python or torch.profiler on a GPU; the host clock on emulated ranks."""
     if not on_gpu:
@@ -58,8 +95,6 @@ def make_recorder(clock: str, on_gpu: bool):
         from taxes.cupti import Recorder
 
         return Recorder()
-    from taxes.kineto import ProfilerRecorder
-
     return ProfilerRecorder()
 
 

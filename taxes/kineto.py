@@ -332,37 +332,3 @@ def to_timeline(events: pd.DataFrame, rank: int) -> Timeline:
     return timeline(rank, acts, launches, pd.concat(host, ignore_index=True), None,
                     {"source": "torch.profiler", **{k: v for k, v in events.attrs.get("trace", {}).items()
                                                     if k in ("devices", "world_size", "path")}})
-
-
-class ProfilerRecorder:
-    """The clock without cupti-python: torch.profiler (CPU and CUDA activities), read back through
-    to_timeline. Our steps and calls are record_function ranges (taxes:step:N, taxes:call:NAME)."""
-
-    name = "torch.profiler"
-
-    def start(self) -> "ProfilerRecorder":
-        from torch.profiler import ProfilerActivity, profile
-
-        self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-        self._prof.__enter__()
-        return self
-
-    def step(self, i: int):
-        from torch.profiler import record_function
-
-        return record_function(f"taxes:step:{i}")
-
-    def call(self, name: str):
-        from torch.profiler import record_function
-
-        return record_function(f"taxes:call:{name}")
-
-    def stop(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-        import tempfile
-
-        self._prof.__exit__(None, None, None)
-        with tempfile.TemporaryDirectory() as d:
-            path = Path(d) / "trace.json"
-            self._prof.export_chrome_trace(str(path))
-            tl = to_timeline(load_trace(path), 0)
-        return tl.activities, tl.launches, tl.host
