@@ -39,10 +39,14 @@ class Recorder(HostStamps):
 
     name = "cupti"
 
-    def __init__(self):
+    def __init__(self, api: str = "warmup"):
+        """api: which iterations record launch and synchronisation calls: "all", or "warmup" (until
+        api_off(); the timed iterations then record device activities alone, which costs much less on the
+        host, and their launches are placed from the host stamps and the warm-up's launch sequence)."""
         from cupti import cupti
 
         super().__init__()
+        self.api = api
         self._c = cupti
         self.origin_ns = int(cupti.get_timestamp())
         self._acts: list = []
@@ -50,9 +54,10 @@ class Recorder(HostStamps):
         self._kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET,
                        cupti.ActivityKind.MEMCPY2, cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER]
         self._names: dict = {}
+        self.now_raw = cupti.get_timestamp
 
-    def now_us(self) -> float:
-        return (int(self._c.get_timestamp()) - self.origin_ns) / 1e3
+    def to_us(self, raw: int) -> float:
+        return (int(raw) - self.origin_ns) / 1e3
 
     def start(self) -> "Recorder":
         c = self._c
@@ -79,6 +84,13 @@ class Recorder(HostStamps):
                 except Exception:  # ids this driver does not know
                     pass
 
+    def api_off(self) -> None:
+        """From here on, device activities only (see __init__)."""
+        if self.api == "warmup":
+            for kind in (self._c.ActivityKind.RUNTIME, self._c.ActivityKind.DRIVER):
+                self._c.activity_disable(kind)
+                self._kinds.remove(kind)
+
     def stop(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         """Flush and stop; returns (activities, launches, host) frames in taxes.timeline's columns (us)."""
         c = self._c
@@ -87,7 +99,7 @@ class Recorder(HostStamps):
             c.activity_disable(kind)
         _STATE.pop("sink", None)
         acts, calls = self._frames()
-        return acts, calls, pd.DataFrame(self.host)
+        return acts, calls, self.host_frame()
 
     def take(self, records: list) -> None:
         """Convert a completed buffer's records at once (they live in CUPTI's buffer)."""

@@ -33,21 +33,23 @@ class HostRecorder(HostStamps):
 
     def __init__(self):
         super().__init__()
-        self.t0 = time.perf_counter()
+        self.t0 = time.perf_counter_ns()
+        self.now_raw = time.perf_counter_ns
 
-    def now_us(self) -> float:
-        return (time.perf_counter() - self.t0) * 1e6
+    def to_us(self, raw: int) -> float:
+        return (raw - self.t0) / 1e3
 
     def start(self) -> "HostRecorder":
         return self
 
     def stop(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-        calls = [h for h in self.host if h["kind"] == "call"]
+        host = self.host_frame()
+        calls = host[host["kind"] == "call"].to_dict("records")
         acts = [{"name": c["name"], "kind": "kernel", "start_us": c["start_us"], "end_us": c["end_us"], "correlation": i,
                  "graph": -1, "comm": "", "stream": 0} for i, c in enumerate(calls)]
         launches = [{"name": "call", "kind": "launch", "start_us": c["start_us"], "end_us": c["start_us"],
                      "correlation": i, "tid": 0} for i, c in enumerate(calls)]
-        return pd.DataFrame(acts), pd.DataFrame(launches), pd.DataFrame(self.host)
+        return pd.DataFrame(acts), pd.DataFrame(launches), host
 
 
 class ProfilerRecorder:
@@ -87,14 +89,15 @@ class ProfilerRecorder:
         return tl.activities, tl.launches, tl.host
 
 
-def make_recorder(clock: str, on_gpu: bool):
-    """A fresh recorder: cupti-python or torch.profiler on a GPU; the host clock on emulated ranks."""
+def make_recorder(clock: str, on_gpu: bool, api: str = "warmup"):
+    """A fresh recorder: cupti-python or torch.profiler on a GPU; the host clock on emulated ranks. api (cupti):
+    record launch calls in every iteration ("all") or in the warm-up only ("warmup": the cheap clock)."""
     if not on_gpu:
         return HostRecorder()
     if clock == "cupti":
         from taxes.cupti import Recorder
 
-        return Recorder()
+        return Recorder(api)
     return ProfilerRecorder()
 
 
@@ -117,28 +120,52 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
         for k, inputs in enumerate(input_sets):
             graphs[k] = _capture(runner.phases(*inputs, traced=fused))
     rec = recorder.start()
+    lean = isinstance(rec, HostStamps)  # raw stamps appended inline: no context managers between launches
+    now, stamps = (rec.now_raw, rec.raw) if lean else (None, None)
     try:
         for i in range(warmup + iters):
+            if i == warmup and hasattr(rec, "api_off"):
+                rec.api_off()  # the warm-up iterations taught the launch sequence; the timed ones pay less
             k = i % len(input_sets)
             steps = None if (graph and on_gpu) else runner.phases(*input_sets[k], traced=fused)
             if on_gpu:
                 torch.cuda.synchronize()
             ctx.barrier()
-            with rec.step(i):
+            if lean:
+                h0 = now()
                 if on_gpu:
                     start_ev.record()
                 if steps is None:
-                    with rec.call("graph replay"):
-                        graphs[k].replay()
+                    a = now()
+                    graphs[k].replay()
+                    stamps.append(("call", "graph replay", a, now()))
                 else:
                     for name, role, thunk in steps:
                         if role == "host":  # host work that launches nothing (a planted spin)
                             thunk()
                             continue
-                        with rec.call(name):
-                            thunk()
+                        a = now()
+                        thunk()
+                        stamps.append(("call", name, a, now()))
                 if on_gpu:
                     end_ev.record()
+                stamps.append(("step", f"step {i}", h0, now()))
+            else:
+                with rec.step(i):
+                    if on_gpu:
+                        start_ev.record()
+                    if steps is None:
+                        with rec.call("graph replay"):
+                            graphs[k].replay()
+                    else:
+                        for name, role, thunk in steps:
+                            if role == "host":
+                                thunk()
+                                continue
+                            with rec.call(name):
+                                thunk()
+                    if on_gpu:
+                        end_ev.record()
             if on_gpu:
                 end_ev.synchronize()
                 e2e = start_ev.elapsed_time(end_ev) * 1e3
@@ -165,43 +192,48 @@ def _capture(steps: list):
     return g
 
 
-def assemble(rank: int, raw: dict, phase_of_call: bool = True, graph_phases: list | None = None,
-             floors: dict | None = None, comm_phases: tuple = ()) -> Timeline:
+def assemble(rank: int, raw: dict, graph_phases: list | None = None, comm_phases: tuple = ()) -> Timeline:
     """Raw records -> a Timeline of the timed (not warm-up) iterations.
 
-    Each activity belongs to the iteration whose host span [step start, step end] holds its launch call (a
-    graph's kernels: the replay's launch); its phase is the launching call it was issued in (eager), or,
-    for a graph replay, the phase of the same kernel name at the same occurrence in graph_phases (the
-    eager twin's [(name, phase)] in order). Communication: activities of comm_phases, and peer copies.
-    floors: {phase: floor us} go to each phase's longest compute activity (its other compute activities
-    get 0: their time is the phase's inefficiency). Windows: [last end - e2e, last end]."""
+    An activity belongs to the iteration whose host span [step start, step end] holds its launch call (a
+    graph's kernels: the replay's launch), and without a launch record, to the iteration its start falls
+    in (each iteration starts on a synchronised device). Its phase is the launching call it was issued in,
+    or, for a graph replay, the phase of the same kernel name at the same occurrence in graph_phases (the
+    eager twin's [(name, phase)] in order). Timed iterations recorded without launch records (the cheap
+    clock) take their launches from the warm-up: the k-th activity in issue order (correlation ids grow with
+    every call) was launched by the same call as in the last warm-up iteration, that call's host stamps
+    place it, and the warm-up's offsets of the launch call inside it place the launch. Communication:
+    activities of comm_phases, and peer copies. Windows: [last end - e2e, last end] (e2e from events)."""
     acts = raw["activities"].copy()
     launches = raw["launches"].copy()
     host = raw["host"].copy()
     if acts.empty:
         return timeline(rank, acts, launches, host, [])
-    if "tid" not in launches.columns:
-        launches["tid"] = 0
+    for c, d in (("tid", 0), ("correlation", -1)):
+        if c not in launches.columns:
+            launches[c] = d
     tid = launches["tid"].mode().iloc[0] if len(launches) else 0
     host["tid"] = tid  # our stamps are taken on the launching thread
-    la = launches[launches["kind"].isin(("launch", "graph"))].sort_values("start_us").drop_duplicates("correlation")
-    ls = la.set_index("correlation")["start_us"].reindex(acts["correlation"].values).values
     its = list(raw["iterations"])
     spans = host[host["kind"] == "step"].set_index("name")
     hs = np.array([spans.at[f"step {it['step']}", "start_us"] for it in its], dtype=float)
     he = np.array([spans.at[f"step {it['step']}", "end_us"] for it in its], dtype=float)
-    idx = np.searchsorted(hs, ls, side="right") - 1
-    ok = ~np.isnan(ls) & (idx >= 0) & (ls <= he[np.clip(idx, 0, len(he) - 1)])
-    acts["step"] = np.where(ok, np.array([its[i]["step"] for i in np.clip(idx, 0, len(its) - 1)]), -2)
-    # the phase: the call that holds the launch
+    steps = np.array([it["step"] for it in its])
+    la = launches[launches["kind"].isin(("launch", "graph"))].sort_values("start_us").drop_duplicates("correlation")
+    ls = la.set_index("correlation")["start_us"].reindex(acts["correlation"].values).values
+    i = np.clip(np.searchsorted(hs, ls, side="right") - 1, 0, len(its) - 1)
+    by_launch = ~np.isnan(ls) & (ls >= hs[i]) & (ls <= he[i])
+    j = np.clip(np.searchsorted(hs, acts["start_us"].values, side="right") - 1, 0, len(its) - 1)
+    by_start = acts["start_us"].values >= hs[j]
+    acts["step"] = np.where(by_launch, steps[i], np.where(np.isnan(ls) & by_start, steps[j], -2))
     calls = host[host["kind"] == "call"].sort_values("start_us")
-    acts["phase"] = ""
-    if phase_of_call and len(calls):
-        cs, ce = calls["start_us"].values, calls["end_us"].values
-        j = np.searchsorted(cs, ls, side="right") - 1
-        inside = ~np.isnan(ls) & (j >= 0) & (ls <= ce[np.clip(j, 0, len(ce) - 1)])
-        names = calls["name"].values
-        acts["phase"] = np.where(inside, names[np.clip(j, 0, len(names) - 1)], "")
+    acts["phase"] = _call_names(calls, ls)
+    synth = _launches_from_warmup(acts, launches, calls, its, hs, he, tid)
+    if len(synth):
+        launches = pd.concat([launches, synth], ignore_index=True)
+        named = acts["phase"] == ""
+        acts.loc[named, "phase"] = _call_names(calls, synth.set_index("correlation")["start_us"]
+                                               .reindex(acts.loc[named, "correlation"].values).values)
     if graph_phases:
         _phases_by_occurrence(acts, graph_phases)
     if "comm" not in acts.columns:
@@ -210,29 +242,95 @@ def assemble(rank: int, raw: dict, phase_of_call: bool = True, graph_phases: lis
     acts["collective"] = np.where(acts["comm"] != "", acts["phase"] + ":" + acts["step"].astype(str), "")
     acts["floor_us"] = np.nan
     acts["wait_us"] = 0.0
-    timed = [it for it in its if not it["warmup"]]
     windows = []
-    for it in timed:
+    for k, it in enumerate(its):
         mine = acts["step"] == it["step"]
-        if not mine.any():
+        if it["warmup"] or not mine.any():
             continue
         end = float(acts.loc[mine, "end_us"].max())
-        e2e = it["e2e_us"] if not math.isnan(it["e2e_us"]) else end - hs[its.index(it)]
+        e2e = it["e2e_us"] if not math.isnan(it["e2e_us"]) else end - hs[k]
         windows.append({"step": it["step"], "start_us": end - e2e, "end_us": end, "e2e_us": e2e})
         comp = acts[mine & (acts["comm"] == "")]
-        for ph, fl in (floors or {}).items():
-            sel = comp[comp["phase"] == ph]
-            if sel.empty:
-                continue
-            longest = (sel["end_us"] - sel["start_us"]).idxmax()
-            acts.loc[sel.index, "floor_us"] = 0.0
-            acts.loc[longest, "floor_us"] = fl
         for ph, wait in it["waits"].items():
             sel = comp[comp["phase"] == ph]
             if not sel.empty:
                 acts.loc[(sel["end_us"] - sel["start_us"]).idxmax(), "wait_us"] = wait
     keep = acts["step"].isin([w["step"] for w in windows])
-    return timeline(rank, acts[keep], launches, host, windows, {"clock": raw.get("clock"), "iterations": len(windows)})
+    return timeline(rank, acts[keep], launches, host, windows,
+                    {"clock": raw.get("clock"), "iterations": len(windows),
+                     "launches": "from the warm-up's sequence and host stamps" if len(synth) else "recorded"})
+
+
+def _call_names(calls: pd.DataFrame, when) -> np.ndarray:
+    """The name of the launching call holding each time in `when` ("" outside every call, or NaN)."""
+    when = np.asarray(when, dtype=float)
+    if calls.empty:
+        return np.full(len(when), "", dtype=object)
+    cs, ce = calls["start_us"].values, calls["end_us"].values
+    j = np.clip(np.searchsorted(cs, when, side="right") - 1, 0, len(cs) - 1)
+    inside = ~np.isnan(when) & (when >= cs[j]) & (when <= ce[j])
+    return np.where(inside, calls["name"].values[j], "").astype(object)
+
+
+def _launches_from_warmup(acts: pd.DataFrame, launches: pd.DataFrame, calls: pd.DataFrame, its: list,
+                          hs: np.ndarray, he: np.ndarray, tid) -> pd.DataFrame:
+    """Launch records for the activities of iterations recorded without them (see assemble)."""
+    la = launches[launches["kind"].isin(("launch", "graph"))].drop_duplicates("correlation").set_index("correlation")
+    has = acts["correlation"].isin(la.index)
+    template = None
+    for k, it in enumerate(its):  # the last iteration whose activities all have their launch: the template
+        mine = acts[(acts["step"] == it["step"])].sort_values("correlation")
+        if len(mine) and has[mine.index].all():
+            template = _sequence(mine, la, calls, hs[k], he[k])
+    rows = []
+    if template is None:
+        return pd.DataFrame(rows)
+    for k, it in enumerate(its):
+        mine = acts[(acts["step"] == it["step"])].sort_values("correlation")
+        if not len(mine) or has[mine.index].any():
+            continue
+        mycalls = calls[(calls["start_us"] >= hs[k]) & (calls["end_us"] <= he[k])]
+        seq = _match(list(mine["name"]), template)
+        done = set()
+        for (idx, corr), pos in zip(mine["correlation"].items(), seq):
+            if pos is None or corr in done:
+                continue
+            call_k, kind, off_s, off_e = template[pos][1:]
+            if call_k >= len(mycalls):
+                continue
+            cs = float(mycalls["start_us"].iloc[call_k])
+            rows.append({"name": "launch (placed)", "kind": kind, "start_us": cs + off_s, "end_us": cs + off_e,
+                         "correlation": corr, "tid": tid})
+            done.add(corr)
+    return pd.DataFrame(rows)
+
+
+def _sequence(mine: pd.DataFrame, la: pd.DataFrame, calls: pd.DataFrame, h0: float, h1: float) -> list:
+    """[(activity name, call index in the iteration, launch kind, launch start - call start, launch end -
+    call start)] in issue order."""
+    mycalls = calls[(calls["start_us"] >= h0) & (calls["end_us"] <= h1)]
+    cs = mycalls["start_us"].values
+    out = []
+    for name, corr in zip(mine["name"], mine["correlation"]):
+        rec = la.loc[corr]
+        c = int(np.clip(np.searchsorted(cs, rec["start_us"], side="right") - 1, 0, max(0, len(cs) - 1)))
+        base = cs[c] if len(cs) else rec["start_us"]
+        out.append((name, c, rec["kind"], float(rec["start_us"] - base), float(rec["end_us"] - base)))
+    return out
+
+
+def _match(names: list, template: list) -> list:
+    """Position in the template of each name, in order: the whole sequence when it matches, else the next
+    unused entry of the same name (None where there is none)."""
+    if [t[0] for t in template] == names:
+        return list(range(len(names)))
+    out, used = [], set()
+    for n in names:
+        pos = next((p for p, t in enumerate(template) if t[0] == n and p not in used), None)
+        if pos is not None:
+            used.add(pos)
+        out.append(pos)
+    return out
 
 
 def _phases_by_occurrence(acts: pd.DataFrame, eager: list) -> None:

@@ -28,6 +28,9 @@ from __future__ import annotations
 import statistics
 import time
 
+import numpy as np
+import pandas as pd
+
 from taxes import attribute as att
 from taxes.harness import time_iterations
 from taxes.instrument import assemble, make_recorder, record_iterations
@@ -135,14 +138,39 @@ class LateRank:
 # ---- measuring one runner -------------------------------------------------------------------------
 
 
+class Replayed:
+    """A runner's launching steps captured in one CUDA graph: calling it replays the graph."""
+
+    def __init__(self, runner):
+        import torch
+
+        self.runner = runner
+        steps = [s for s in runner.phases() if s[1] != "host"]
+        for _, _, f in steps:
+            f()
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            for _, _, f in steps:
+                f()
+
+    def phases(self, *inputs, traced: bool = False):
+        return self.runner.phases(*inputs, traced=traced)
+
+    def __call__(self, *inputs):
+        self.graph.replay()
+
+
 def measure(ctx, runner, iters: int, warmup: int, clock: str, graph: bool = False, locality_bytes: float = 0.0,
             us_per_byte: float | None = None, comm: tuple = ()) -> dict:
     """Plain and instrumented timing of one runner, attributed; every rank returns its own view and the
-    timeline rows of all ranks are combined by the caller (single rank: this rank's)."""
+    timeline rows of all ranks are combined by the caller (single rank: this rank's). Launch calls are
+    recorded in every iteration: a known answer wants the exact launch path, whatever it costs."""
     inputs = [()]
-    plain = time_iterations(ctx, runner, inputs, iters, warmup)
-    raw = record_iterations(ctx, runner, inputs, iters, warmup, make_recorder(clock, ctx.device.type == "cuda"),
-                            graph=graph, fused=False)
+    plain = time_iterations(ctx, Replayed(runner) if graph and ctx.device.type == "cuda" else runner, inputs, iters,
+                            warmup)
+    raw = record_iterations(ctx, runner, inputs, iters, warmup,
+                            make_recorder(clock, ctx.device.type == "cuda", api="all"), graph=graph, fused=False)
     return {"plain": plain, "raw": raw, "comm": comm, "locality_bytes": locality_bytes, "us_per_byte": us_per_byte}
 
 
@@ -156,7 +184,30 @@ def attributed(per_rank: list[dict]) -> dict:
     plain = att.iqm([max(v) for v in zip(*[m["plain"] for m in per_rank])])
     kept = a.rows[a.rows["step"].isin(s["kept"])]
     return {"rows": s["rows"], "per_rank": s["per_rank"], "e2e_us": s["e2e_us"], "plain_us": plain,
-            "busy_us": float(kept.groupby("step")["busy_us"].max().mean()) if len(kept) else 0.0}
+            "busy_us": float(kept.groupby("step")["busy_us"].max().mean()) if len(kept) else 0.0,
+            "launch_path_us": _launch_path(tls[0], s["kept"]),
+            "launch_latency_us": float(a.rows["launch_latency_us"].median()) if len(a.rows) else None}
+
+
+def _launch_path(tl, steps: list) -> float:
+    """Per iteration (mean over `steps`), the launching calls' time from their start until their launch
+    returned: the launch path the host walks (API records)."""
+    host = tl.host[tl.host["kind"] == "call"].sort_values("start_us")
+    la = tl.launches[tl.launches["kind"].isin(("launch", "graph"))].sort_values("start_us")
+    if host.empty or la.empty or not steps:
+        return 0.0
+    cs, ce = host["start_us"].values, host["end_us"].values
+    j = np.clip(np.searchsorted(cs, la["start_us"].values, side="right") - 1, 0, len(cs) - 1)
+    inside = (la["start_us"].values >= cs[j]) & (la["start_us"].values <= ce[j])
+    last_return = pd.Series(la["end_us"].values[inside]).groupby(j[inside]).max()
+    per_call = last_return.values - cs[last_return.index.values]
+    wins = tl.windows[tl.windows["step"].isin(steps)]
+    starts = cs[last_return.index.values]
+    total = 0.0
+    for w in wins.itertuples():  # the calls of a timed iteration: between its window's start and end
+        sel = (starts >= w.start_us - 1e4) & (starts <= w.end_us)
+        total += float(per_call[sel].sum())
+    return total / max(1, len(wins))
 
 
 def row(tax: str, case: str, planted: float, recovered: float, method: str, **extra) -> dict:
@@ -244,8 +295,11 @@ def known_answers(results: list[dict]) -> list[dict]:
                     spun["rows"]["host_bound"] - base["rows"]["host_bound"],
                     f"{n_spins} spins of {per_spin:.1f} us (median, as the spin measured itself) per iteration, "
                     "against the change of the host_bound row"))
-    rows.append(row("launch", "unchanged by a host spin", 0.0, spun["rows"]["launch"] - base["rows"]["launch"],
-                    "the launch row with and without the spins (planted: no change)"))
+    rows.append(row("launch", "a host spin leaves the launch path", spun["launch_path_us"] - base["launch_path_us"],
+                    spun["rows"]["launch"] - base["rows"]["launch"],
+                    "the launch row with and without the spins, against the change of the launch path itself "
+                    "(each call's time until its launch returned, API records): a spin adds none",
+                    base_launch_path_us=base["launch_path_us"], spun_launch_path_us=spun["launch_path_us"]))
     un, fu = A("unfused"), A("fused")
     rows.append(row("locality", "one extra HBM round trip", un["busy_us"] - fu["busy_us"], un["rows"]["locality"],
                     f"change of kernel busy time (per-kernel clock) against {un['rows']['locality']:.1f} us = "

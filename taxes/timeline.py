@@ -76,32 +76,42 @@ def timeline(rank: int, activities, launches=None, host=None, windows=None, meta
 
 class HostStamps:
     """A recorder's host ranges: stamps on its clock around each step (iteration) and each launching call
-    (kind "step" named "step N", kind "call" named after the call); now_us() is the recorder's clock."""
+    (kind "step" named "step N", kind "call" named after the call). Stamps are taken raw (now_raw(), an
+    integer clock reading: cheap enough to sit between launches) and converted to us (to_us) at the end."""
 
     name = "stamps"
 
     def __init__(self):
-        self.host: list = []
+        self.raw: list = []  # (kind, name, start raw, end raw)
+
+    def now_raw(self) -> int:
+        raise NotImplementedError
+
+    def to_us(self, raw: int) -> float:
+        raise NotImplementedError
 
     def now_us(self) -> float:
-        raise NotImplementedError
+        return self.to_us(self.now_raw())
 
     @contextlib.contextmanager
     def step(self, i: int):
-        a = self.now_us()
+        a = self.now_raw()
         try:
             yield
         finally:
-            self.host.append({"name": f"step {i}", "kind": "step", "start_us": a, "end_us": self.now_us()})
+            self.raw.append(("step", f"step {i}", a, self.now_raw()))
 
     @contextlib.contextmanager
     def call(self, name: str):
-        a = self.now_us()
+        a = self.now_raw()
         try:
             yield
         finally:
-            self.host.append({"name": name, "kind": "call", "start_us": a, "end_us": self.now_us()})
+            self.raw.append(("call", name, a, self.now_raw()))
 
+    def host_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([{"name": n, "kind": k, "start_us": self.to_us(a), "end_us": self.to_us(b)}
+                             for k, n, a, b in self.raw], columns=["name", "kind", "start_us", "end_us"])
 
 
 # ---- host calls ----------------------------------------------------------------------------------

@@ -1,0 +1,98 @@
+"""Instrumented iterations and their assembly into a timeline (taxes/instrument.py), on the host clock.
+
+The cheap clock records device activities alone in the timed iterations and places their launches from the
+warm-up's launch sequence and the host stamps: the rows it gives must be the rows the full records give."""
+
+from __future__ import annotations
+
+import math
+import time
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from taxes.attribute import ROWS, attribute
+from taxes.instrument import HostRecorder, assemble, record_iterations
+from taxes.planted import spin_us
+
+
+class Ctx(SimpleNamespace):
+    def barrier(self):
+        pass
+
+
+CTX = Ctx(device=SimpleNamespace(type="cpu"), rank=0, world=1)
+
+
+class Steps:
+    """Three launching calls of known host time, a host spin between two of them."""
+
+    def __init__(self, spin=0.0, extra=False):
+        self.spin, self.extra = spin, extra
+
+    def phases(self, *inputs, traced=False):
+        out = [("a", "compute", lambda: spin_us(30)), ("b", "communication", lambda: spin_us(20))]
+        if self.spin:
+            out.append(("spin", "host", lambda: spin_us(self.spin)))
+        out.append(("c", "compute", lambda: spin_us(10)))
+        return out
+
+
+class ActivitiesOnly(HostRecorder):
+    """The host clock, recording launches only until api_off(), like cupti-python's cheap clock."""
+
+    def api_off(self):
+        self.cut = time.perf_counter_ns()
+
+    def stop(self):
+        acts, launches, host = super().stop()
+        cut = self.to_us(getattr(self, "cut", time.perf_counter_ns()))
+        return acts, launches[launches["start_us"] < cut], host
+
+
+def _rows(recorder, runner, iters=6, warmup=3):
+    raw = record_iterations(CTX, runner, [()], iters, warmup, recorder, graph=False, fused=False)
+    tl = assemble(0, raw, comm_phases=("b",))
+    return tl, attribute([tl]).rows
+
+
+def test_launches_placed_from_the_warmup_give_the_rows_recorded_launches_give():
+    runner = Steps(spin=40.0)
+    raw = record_iterations(CTX, runner, [()], 6, 3, ActivitiesOnly(), graph=False, fused=False)
+    placed = assemble(0, raw, comm_phases=("b",))
+    assert (placed.launches["name"] == "launch (placed)").sum() == 3 * 6  # every timed activity got one
+    assert placed.meta["launches"].startswith("from the warm-up")
+    # the same records with every launch kept (the host clock launches at each call's start)
+    calls = raw["host"][raw["host"]["kind"] == "call"].reset_index(drop=True)
+    full = dict(raw)
+    full["launches"] = pd.DataFrame({"name": "call", "kind": "launch", "start_us": calls["start_us"],
+                                     "end_us": calls["start_us"], "correlation": range(len(calls)), "tid": 0})
+    recorded = assemble(0, full, comm_phases=("b",))
+    a, b = attribute([placed]).rows, attribute([recorded]).rows
+    for k in ROWS:
+        assert list(a[k]) == pytest.approx(list(b[k]), abs=1e-6), k
+    assert (a["host_bound"] >= 40.0).all()  # the 40 us spin between calls is host-bound in every iteration
+    assert set(placed.activities["phase"]) == {"a", "b", "c"}
+    assert (placed.activities.loc[placed.activities["phase"] == "b", "comm"] == "nccl").all()
+
+
+def test_a_timed_iteration_with_an_unexpected_activity_still_places_the_known_ones():
+    raw = record_iterations(CTX, Steps(), [()], 4, 2, ActivitiesOnly(), graph=False, fused=False)
+    acts = raw["activities"]
+    last = acts.index[-1]
+    extra = acts.loc[[last]].assign(name="surprise", correlation=acts["correlation"].max() + 100)
+    raw = dict(raw, activities=pd.concat([acts, extra], ignore_index=True))
+    tl = assemble(0, raw, comm_phases=("b",))
+    placed = set(tl.launches.loc[tl.launches["name"] == "launch (placed)", "correlation"])
+    assert int(extra["correlation"].iloc[0]) not in placed
+    assert len(placed) == 3 * 4  # the three known activities of every timed iteration
+
+
+def test_windows_are_the_event_e2e_ending_at_the_last_activity():
+    tl, rows = _rows(HostRecorder(), Steps())
+    assert len(tl.windows) == 6
+    for w in tl.windows.itertuples():
+        last = tl.activities.loc[tl.activities["step"] == w.step, "end_us"].max()
+        assert w.end_us == pytest.approx(last)
+    assert all(math.isclose(sum(r[k] for k in ROWS), r["span_us"], rel_tol=1e-9) for _, r in rows.iterrows())
