@@ -116,6 +116,37 @@ def _phase_costs(runner, inputs: list[tuple], calls: int, warmup: int) -> dict[s
     return {name: _median_us(s) for name, s in samples.items()}
 
 
+def _cupti_costs(runner, inputs: list[tuple], calls: int) -> dict:
+    """CUPTI's API records of `calls` eager calls (device idle before each): per call, the launch calls' own
+    time (launch_api_us), the time from the call's start until its last launch returned (launch_path_us)
+    and the number of launches, medians over the calls. {} where cupti-python cannot record."""
+    from taxes.cupti import Recorder, available
+
+    if available() is not None or not torch.cuda.is_available():
+        return {}
+    rec = Recorder(api="all").start()
+    try:
+        for i in range(calls):
+            _sync()
+            with rec.call(f"call {i}"):
+                runner(*inputs[i % len(inputs)])
+        _sync()
+    finally:
+        _, launches, host = rec.stop()
+    la = launches[launches["kind"].isin(("launch", "graph"))].sort_values("start_us")
+    api, path, n = [], [], []
+    for c in host[host["kind"] == "call"].itertuples():
+        mine = la[(la["start_us"] >= c.start_us) & (la["start_us"] <= c.end_us)]
+        if len(mine):
+            api.append(float((mine["end_us"] - mine["start_us"]).sum()))
+            path.append(float(mine["end_us"].max() - c.start_us))
+            n.append(len(mine))
+    if not api:
+        return {}
+    return {"cupti_launch_api_us": statistics.median(api), "cupti_launch_path_us": statistics.median(path),
+            "launches_per_call": statistics.median(n)}
+
+
 def _checked(runner, case, inputs: tuple) -> float:
     """rel_error of one call on inputs (the first set: the reference's), its output poisoned with NaN."""
     inputs[-1].fill_(float("nan"))
@@ -142,6 +173,8 @@ def _measure_case(ctx, name: str, shape: dict, args) -> list[dict]:
                 row["host_launch_us"] = _host_cost(runner, case.inputs, args.calls, args.warmup, spread)
                 if kind == "eager":
                     row["per_phase_us"] = _phase_costs(runner, case.inputs, args.calls, args.warmup)
+                if args.cupti:
+                    row.update(_cupti_costs(runner, case.inputs, min(args.calls, 100)))
                 # after every input set has been used (graphs captured per set): right on the first set again
                 err_after = _checked(runner, case, case.inputs[0])
                 row["rel_error"] = max(err_first, err_after)
@@ -230,6 +263,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="first shape of each workload, 60 calls")
     ap.add_argument("--workloads", nargs="*", help="only these workloads")
     ap.add_argument("--tiers", action="store_true", help="also time single launches for comparison")
+    ap.add_argument("--cupti", action="store_true", help="also CUPTI's API records of each eager call (cupti-python)")
     ap.add_argument("--no-graphs", action="store_true", help="eager variants only")
     ap.add_argument("--label", default="", help="what checkout this measures (recorded in the metadata)")
     ap.add_argument("--commit", default=None, help="the measured commit, when the copy has no .git")

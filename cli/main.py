@@ -378,6 +378,7 @@ def _register() -> None:
     from taxes.cli.check_cmd import check_cmd
     from taxes.cli.compare_cmd import compare
     from taxes.cli.profile_cmd import profile_cmd, validate_cmd
+    from taxes.cli.trace_cmd import trace
 
     cli.add_command(profile_cmd)
     cli.add_command(validate_cmd)
@@ -385,6 +386,7 @@ def _register() -> None:
     cli.add_command(analyze)
     cli.add_command(calibrate)
     cli.add_command(check_cmd)
+    cli.add_command(trace)
 
 
 _register()

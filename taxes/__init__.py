@@ -9,3 +9,11 @@ def profile(*args, **kwargs):
     from taxes.profiling import profile as _profile
 
     return _profile(*args, **kwargs)
+
+
+def step() -> None:
+    """Mark the end of one step of a program run by `taxes trace` (nothing otherwise): for programs whose
+    steps are not optimizer.step() calls, e.g. an inference loop."""
+    from taxes.trace_hook import step as _step
+
+    _step()

@@ -1,0 +1,57 @@
+"""`taxes trace -- PROGRAM ...`: run a program with the profiler switched on from outside, then analyze its
+traces (the recording lives in taxes/trace.py and taxes/trace_hook.py, the analysis in taxes/analyze.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from taxes.errors import TaxesError
+
+
+@click.command("trace", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--out", "out_dir", default="taxes-trace", show_default=True,
+              help="Directory for the traces (rankR.json.gz), the plain step times and the report.")
+@click.option("--steps", type=int, default=5, show_default=True, help="Steps to profile.")
+@click.option("--plain", "plain_steps", type=int, default=5, show_default=True,
+              help="Steps timed without the profiler first (their device time: the plain step time).")
+@click.option("--skip", type=int, default=3, show_default=True, help="Warm-up steps before anything is timed.")
+@click.option("--step", "signal", default="auto", show_default=True,
+              help="What ends a step: auto (optimizer.step() or taxes.step()), nvtx:RANGE_NAME.")
+@click.option("--hardware", "hardware_name", default=None,
+              help="Hardware profile for the floors and locality (default: the one the trace's GPU names).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "md", "html"]), default="table", show_default=True)
+@click.option("--timeout-s", type=float, default=None, help="Stop the program after this long.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def trace(ctx, out_dir, steps, plain_steps, skip, signal, hardware_name, fmt, timeout_s, command):
+    """Run COMMAND (a Python program, or torchrun ... for one trace per rank) with torch.profiler switched on
+    from outside over a schedule of steps, time the same kind of steps without it, and analyze the traces:
+    the three taxes of any PyTorch program, and what measuring cost."""
+    from taxes import trace as T
+    from taxes.cli.analyze_cmd import analyze
+
+    cmd = T.python_module_command(list(command))
+    res = T.run(cmd, out_dir, steps=steps, plain=plain_steps, skip=skip, signal=signal, timeout_s=timeout_s)
+    plain_path = os.path.join(out_dir, "plain.json")
+    with open(plain_path, "w") as f:
+        json.dump({str(r): v for r, v in res["plain"].items()}, f)
+    click.echo(f"taxes: traced {len(res['traces'])} rank(s) into {out_dir}; the program exited with "
+               f"{res['returncode']}", err=True)
+    kwargs = {"traces": tuple(res["traces"]), "fmt": fmt, "force": True,
+              "output": os.path.join(out_dir, f"report.{ {'table': 'txt'}.get(fmt, fmt) }") if fmt != "table" else None}
+    names = {p.name for p in analyze.params}
+    if "hardware_name" in names:
+        kwargs["hardware_name"] = hardware_name or ("h200-sxm" if analyze.params and "auto" not in names else None)
+    if "plain" in names:
+        kwargs["plain"] = plain_path
+    kwargs = {k: v for k, v in kwargs.items() if k in names}
+    if res["returncode"] not in (0, None):
+        click.echo(f"taxes: warning: the program exited with {res['returncode']}; the traces are analysed anyway",
+                   err=True)
+    try:
+        ctx.invoke(analyze, **kwargs)
+    except TaxesError as e:
+        raise TaxesError(f"trace: analyze: {e}") from None

@@ -1,0 +1,177 @@
+"""Inside a program run by `taxes trace`: find its steps, time some without the profiler, profile others.
+
+Loaded at the program's start (a sitecustomize.py that `taxes trace` puts first on PYTHONPATH) when
+TAXES_TRACE_DIR is set. A step ends at every `optimizer.step()` (any torch optimizer), every `taxes.step()`
+call, or, with TAXES_TRACE_STEP=nvtx:NAME, at the end of every NVTX range NAME. The schedule, in steps:
+TAXES_TRACE_SKIP warm-up steps, then TAXES_TRACE_PLAIN steps timed without the profiler (a CUDA event at each
+step end: the device time between two step ends), then TAXES_TRACE_STEPS steps under torch.profiler (CPU
+and CUDA activities, shapes and memory recorded, so analyze can follow tensors), whose trace is written to
+TAXES_TRACE_DIR/rank<R>.json.gz with the plain step times in plain_rank<R>.json. The program itself runs on
+unchanged to its end; a program that ends early still writes what it has.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import time
+
+_STATE: dict = {}
+
+
+def active() -> bool:
+    return "cfg" in _STATE
+
+
+def install() -> None:
+    """Read the schedule from the environment and hook the step signals (idempotent)."""
+    if active() or not os.environ.get("TAXES_TRACE_DIR"):
+        return
+    env = os.environ
+    _STATE["cfg"] = {"dir": env["TAXES_TRACE_DIR"], "skip": int(env.get("TAXES_TRACE_SKIP", "3")),
+                     "plain": int(env.get("TAXES_TRACE_PLAIN", "5")), "steps": int(env.get("TAXES_TRACE_STEPS", "5")),
+                     "signal": env.get("TAXES_TRACE_STEP", "auto"),
+                     "rank": int(env.get("RANK", env.get("LOCAL_RANK", "0")))}
+    _STATE.update(count=0, events=[], prof=None, done=False)
+    atexit.register(finish)
+    signal = _STATE["cfg"]["signal"]
+    if signal.startswith("nvtx:"):
+        _hook_nvtx(signal[5:])
+    elif signal in ("auto", "optimizer"):
+        _hook_optimizer()
+
+
+def step() -> None:
+    """One step has ended (taxes.step() calls this; so do the hooks)."""
+    if not active() or _STATE["done"]:
+        return
+    import torch
+
+    cfg = _STATE["cfg"]
+    n = _STATE["count"]
+    _STATE["count"] = n + 1
+    skip, plain, steps = cfg["skip"], cfg["plain"], cfg["steps"]
+    if skip <= n < skip + plain + 1:  # plain + 1 boundaries bound `plain` steps
+        if torch.cuda.is_available():  # the device's time between two step ends
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            _STATE["events"].append(ev)
+        else:
+            _STATE["events"].append(time.perf_counter())
+    if n == skip + plain:  # the plain steps are done: profile the next ones
+        _start_profiler()
+    elif _STATE["prof"] is not None:
+        _STATE["prof"].step()
+        if n >= skip + plain + steps:
+            finish()
+
+
+def _start_profiler() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU]
+    import torch
+
+    if torch.cuda.is_available():
+        acts.append(ProfilerActivity.CUDA)
+    prof = profile(activities=acts, record_shapes=True, profile_memory=True)
+    prof.__enter__()
+    prof.step()  # so that the first profiled step is ProfilerStep#1's, fully inside the profile
+    _STATE["prof"] = prof
+
+
+def finish() -> None:
+    """Stop the profiler and write the trace and the plain step times (once)."""
+    if not active() or _STATE["done"]:
+        return
+    _STATE["done"] = True
+    cfg = _STATE["cfg"]
+    rank = cfg["rank"]
+    os.makedirs(cfg["dir"], exist_ok=True)
+    events = _STATE["events"]
+    plain = []
+    if len(events) > 1 and isinstance(events[0], float):
+        plain = [(b - a) * 1e6 for a, b in zip(events, events[1:])]
+    elif len(events) > 1:
+        events[-1].synchronize()
+        plain = [a.elapsed_time(b) * 1e3 for a, b in zip(events, events[1:])]
+    with open(os.path.join(cfg["dir"], f"plain_rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "plain_step_us": plain, "steps_seen": _STATE["count"], "signal": cfg["signal"]}, f)
+    prof = _STATE.get("prof")
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        tmp = os.path.join(cfg["dir"], f"rank{rank}.json")
+        prof.export_chrome_trace(tmp)
+        import gzip
+        import shutil
+
+        with open(tmp, "rb") as src, gzip.open(tmp + ".gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(tmp)
+    print(f"[taxes trace] rank {rank}: {_STATE['count']} steps seen, {len(plain)} timed plain, "
+          f"{'a trace written' if prof is not None else 'no profiled steps (the program ended first)'}",
+          file=sys.stderr, flush=True)
+
+
+def _hook_optimizer() -> None:
+    """Every optimizer.step() ends a step (a global post-hook, once torch is imported)."""
+    def hook():
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(lambda *a, **k: step())
+
+    _after_import("torch.optim.optimizer", hook)
+
+
+def _hook_nvtx(name: str) -> None:
+    """The end of every NVTX range `name` (torch.cuda.nvtx range_push/range_pop or range()) ends a step."""
+    def hook():
+        import torch.cuda.nvtx as nvtx
+
+        stack: list = []
+        push, pop = nvtx.range_push, nvtx.range_pop
+
+        def range_push(msg, *a, **k):
+            stack.append(msg)
+            return push(msg, *a, **k)
+
+        def range_pop(*a, **k):
+            msg = stack.pop() if stack else None
+            out = pop(*a, **k)
+            if msg == name:
+                step()
+            return out
+
+        nvtx.range_push, nvtx.range_pop = range_push, range_pop
+
+    _after_import("torch.cuda.nvtx", hook)
+
+
+def _after_import(module: str, hook) -> None:
+    """Run hook once `module` is imported (at once if it already is)."""
+    if module in sys.modules:
+        hook()
+        return
+    import importlib.abc
+    import importlib.util
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != module:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def run(mod):
+                exec_module(mod)
+                hook()
+
+            spec.loader.exec_module = run
+            return spec
+
+    sys.meta_path.insert(0, Finder())
