@@ -47,6 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
+from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
 from taxes.kernels.runtime import RankContext, interpreting, replay_graph
 
 try:  # host-side TMA descriptors (Triton 3.3 and later)
@@ -468,6 +469,8 @@ class LocalDecode:
         self.o_part = torch.empty(self.R * self.n_splits * D, dtype=torch.float32, device=device)
         self.lse_part = torch.empty(self.R * self.n_splits, dtype=torch.float32, device=device)
         self.counts = torch.zeros(B * Hkv, dtype=torch.int64, device=device)  # tickets handed out, per group
+        self._bound = BoundedCache(16)  # launches bound once per set of buffers (kernels/launch.py)
+        self._descs = DescriptorCache()
 
     def _check(self, q, k, v):
         want = (self.B, self.Hkv, self.S, self.D)
@@ -478,21 +481,26 @@ class LocalDecode:
             raise ValueError("decode wants contiguous q, K and V")
 
     def _launch(self, q, k, v, out, mode, push=None):
-        self._check(q, k, v)
         inbox, bases, flags, state, rank, world, data = push or (self.counts, self.counts, self.counts, self.counts,
                                                                   0, 1, False)
-        k_desc, v_desc = k, v  # unused by pointer loads
-        if self.tma:
-            rows, box = self.B * self.Hkv * self.S, [self.cfg.block_n, self.D]
-            k_desc = TensorDescriptor(k, [rows, self.D], [self.D, 1], box)
-            v_desc = TensorDescriptor(v, [rows, self.D], [self.D, 1], box)
-        decode_kernel[(self.B * self.Hkv * self.n_splits,)](
-            q, k, v, k_desc, v_desc, self.o_part, self.lse_part, self.counts, out, inbox, bases, flags, state, rank,
-            self.R, self.S, self.split_len, self.n_splits, LOG2E / math.sqrt(self.D),
-            Hq=self.Hq, Hkv=self.Hkv, D=self.D, G=self.G, G_PAD=max(16, triton.next_power_of_2(self.G)),
-            BLOCK_N=self.cfg.block_n, MERGE_ROWS=self.merge_rows, MERGE_SPLITS=self.merge_splits, OUT=mode,
-            WORLD=world, DATA_SIGNAL=data, TMA=self.tma, EVICT="evict_first" if self.cfg.evict_first else "",
-            DOT_F32=self.interp, num_warps=self.cfg.num_warps, num_stages=self.cfg.num_stages)
+        key = (mode, buffer_key(q), buffer_key(k), buffer_key(v), buffer_key(out), buffer_key(inbox), buffer_key(bases),
+               buffer_key(flags), buffer_key(state), rank, world, data)
+        bound = self._bound.get(key)
+        if bound is None:  # a new set of buffers: checked, its descriptors made and its launch bound, once
+            self._check(q, k, v)
+            k_desc, v_desc = k, v  # unused by pointer loads
+            if self.tma:
+                rows, box = self.B * self.Hkv * self.S, [self.cfg.block_n, self.D]
+                k_desc = self._descs.get(k.view(rows, self.D), box)
+                v_desc = self._descs.get(v.view(rows, self.D), box)
+            bound = self._bound.put(key, BoundLaunch(decode_kernel, (self.B * self.Hkv * self.n_splits,), (
+                q, k, v, k_desc, v_desc, self.o_part, self.lse_part, self.counts, out, inbox, bases, flags, state, rank,
+                self.R, self.S, self.split_len, self.n_splits, LOG2E / math.sqrt(self.D)), dict(
+                Hq=self.Hq, Hkv=self.Hkv, D=self.D, G=self.G, G_PAD=max(16, triton.next_power_of_2(self.G)),
+                BLOCK_N=self.cfg.block_n, MERGE_ROWS=self.merge_rows, MERGE_SPLITS=self.merge_splits, OUT=mode,
+                WORLD=world, DATA_SIGNAL=data, TMA=self.tma, EVICT="evict_first" if self.cfg.evict_first else "",
+                DOT_F32=self.interp, num_warps=self.cfg.num_warps, num_stages=self.cfg.num_stages)))
+        bound()
 
     def final(self, q, k, v, out):
         self._launch(q, k, v, out, OUT_FINAL)
@@ -559,6 +567,7 @@ class FlashDecode:
         self.fused = variant.startswith("fused")
         self.graphed = variant.endswith("-graph") and ctx.device.type == "cuda"
         self.graphs: dict = {}
+        self._bound = BoundedCache(16)  # the combine launches, bound once per output buffer
         R = B * Hq
         self.R = R
         dev = ctx.device
@@ -628,16 +637,26 @@ class FlashDecode:
 
     def _global_combine(self, out):
         # gathered is p blocks of R rows: row r of rank i at (i * R + r) * (D + 1)
-        combine_kernel[(self.n_blocks,)](self.gathered, out, self.R, self.ctx.world, self.D + 1, self.R * (self.D + 1),
-                                         D=self.D, BLOCK_R=self.cfg.block_r, PACKED_OUT=False, num_warps=4)
+        key = ("global", buffer_key(out))
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bound.put(key, BoundLaunch(combine_kernel, (self.n_blocks,), (
+                self.gathered, out, self.R, self.ctx.world, self.D + 1, self.R * (self.D + 1)),
+                dict(D=self.D, BLOCK_R=self.cfg.block_r, PACKED_OUT=False, num_warps=4)))
+        bound()
 
     def _fused_combine(self, out, traced=False):
         ctx = self.ctx
-        fused_combine_kernel[(self.n_blocks,)](
-            self.inbox.local, out, self.flags.local, self.err, self.state, self.trace, ctx.rank, self.R, self.n_blocks,
-            self.budget, WORLD=ctx.world, D=self.D, G=self.G, G_POW2=triton.next_power_of_2(self.G),
-            DATA_SIGNAL=self.cfg.signal == "data", SENTINEL=SENTINEL_BITS, TRACE=traced, INTERPRET=self.interp,
-            num_warps=4)
+        key = ("fused", buffer_key(out), traced)
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bound.put(key, BoundLaunch(fused_combine_kernel, (self.n_blocks,), (
+                self.inbox.local, out, self.flags.local, self.err, self.state, self.trace, ctx.rank, self.R,
+                self.n_blocks, self.budget), dict(
+                WORLD=ctx.world, D=self.D, G=self.G, G_POW2=triton.next_power_of_2(self.G),
+                DATA_SIGNAL=self.cfg.signal == "data", SENTINEL=SENTINEL_BITS, TRACE=traced, INTERPRET=self.interp,
+                num_warps=4)))
+        bound()
 
     def _emulated_all_gather(self):
         ctx = self.ctx

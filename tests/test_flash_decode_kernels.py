@@ -97,6 +97,26 @@ def test_local_decode_matches_float32_reference_call_after_call(B, Hq, Hkv, D, S
         assert dec.counts.tolist() == [2 * (call + 1) * dec.n_splits] * (B * Hkv)
 
 
+def test_local_decode_binds_one_launch_per_set_of_buffers_and_stays_right_across_them():
+    B, Hq, Hkv, D, S = 1, 8, 2, 64, 64
+    sets = [_inputs(B, Hq, Hkv, D, S, seed=s) for s in (1, 2)]
+    dec = fd.LocalDecode(B, Hq, Hkv, D, S, torch.device("cpu"), fd.Config(block_n=16, splits=2, tma=True))
+    outs = [torch.empty(B, Hq, D, dtype=torch.bfloat16) for _ in sets]
+    for call in range(4):  # rotate the input sets, as a benchmark does
+        (q, k, v), out = sets[call % 2], outs[call % 2]
+        out.fill_(float("nan"))
+        dec(q, k, v, out)
+        o_ref, _ = fd.attention_partial_f32(q, k, v)
+        assert ((out.float() - o_ref).norm() / o_ref.norm()).item() < 1e-2, call
+    assert len(dec._bound) == 2 and dec._descs.made == 4  # one binding per set; K and V descriptors per set
+    k2 = sets[0][1].clone()  # new contents at a new address: a new binding, the right answer
+    out = torch.full((B, Hq, D), float("nan"), dtype=torch.bfloat16)
+    dec(sets[0][0], k2, sets[0][2], out)
+    assert len(dec._bound) == 3
+    o_ref, _ = fd.attention_partial_f32(sets[0][0], k2, sets[0][2])
+    assert ((out.float() - o_ref).norm() / o_ref.norm()).item() < 1e-2
+
+
 def test_local_decode_merge_is_exact_when_one_token_dominates():
     # a query scaled up so each head's softmax is nearly one-hot, and splits whose lse differ by far more than
     # float32's exp range: the merge must rescale, not add raw exponentials
