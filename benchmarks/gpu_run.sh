@@ -2,13 +2,16 @@
 # The GPU measurements behind reports/, one stage per call of at most ten minutes, from the installed package:
 #
 #   bash benchmarks/gpu_run.sh timeline OUT   # one GPU: a calibration, the known answers (validate --planted),
-#                                             # flash decode and ag-gemm profiled at world 1 with both clocks
+#                                             # flash decode and ag-gemm profiled at world 1 with both clocks,
+#                                             # host launch cost with CUPTI's API records
+#   bash benchmarks/gpu_run.sh traces OUT     # one GPU: programs nobody here wrote, run by `taxes trace`
+#                                             # (traces + plain step times, tarred into OUT/traces.tar.gz)
 #
 # Installs the carried wheels (.wheels: cupti-python, pyelftools) to /tmp/site when they are there, and the
 # project offline. Every command has its own time limit and writes its result as soon as it ends; a short
 # table comes last.
 set -u
-stage=${1:?stage: timeline}
+stage=${1:?stage: timeline or traces}
 OUT=${2:-${OUT:-gpu-out}}
 mkdir -p "$OUT"
 if ls .wheels/*.whl >/dev/null 2>&1; then
@@ -46,5 +49,23 @@ PY
     timeout 120 taxes profile ag-gemm --gpus 1 --shape M=1024,N=8192,K=8192 --iters 30 --rounds 3 --clock both \
         --hardware "$HW" -o "$OUT/ag_gemm-$GPU-x1-M1024.json" --force --timeout-s 110 --format md 2>&1 \
         | grep -E "^\| (E2E|measurement|kernel-launch|host-bound|speed|correct)|rror|wrote"
-    for f in "$OUT"/*.json; do taxes check "$f" 2>&1 | head -12; done
+    timeout 120 python3 benchmarks/launch_cost.py --cupti --quick --no-graphs --out "$OUT/launch_cost-$GPU.json" 2>&1 | tail -12
+    for f in "$OUT"/flash_decode*.json "$OUT"/ag_gemm*.json; do taxes check "$f" 2>&1 | head -8; done
+fi
+
+if [ "$stage" = traces ]; then
+    T="$OUT/traces"; mkdir -p "$T"
+    run() {  # NAME SECONDS ARGS...
+        local name=$1 secs=$2; shift 2
+        timeout "$secs" taxes trace --out "$T/$name" --steps 5 --plain 10 --skip 5 --format json -- "$@" \
+            > "$T/$name.log" 2>&1; echo "$name: exit $? $(grep -E '^llama|^chain|traced|error' "$T/$name.log" | tr '\n' ' ')"
+    }
+    run llama-forward 90 python3 benchmarks/programs/llama.py --mode forward --steps 30
+    run llama-graph 90 python3 benchmarks/programs/llama.py --mode graph --steps 30
+    run llama-spin 90 python3 benchmarks/programs/llama.py --mode forward --steps 30 --spin-us 50
+    run llama-train 80 python3 benchmarks/programs/llama.py --mode train --steps 30
+    run chain-eager 60 python3 benchmarks/programs/chain.py --mode eager --steps 30
+    run chain-compiled 120 python3 benchmarks/programs/chain.py --mode compiled --steps 30
+    tar -czf "$OUT/traces.tar.gz" -C "$OUT" traces && rm -rf "$T"
+    ls -la "$OUT"
 fi

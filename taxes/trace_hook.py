@@ -69,14 +69,26 @@ def step() -> None:
 
 
 def _start_profiler() -> None:
+    """torch.profiler with CPU and CUDA activities, shapes and memory events, and, where this PyTorch has
+    it, the execution trace (every op's input and output tensors by storage id: what analyze follows to
+    find producer -> consumer pairs) in et_rank<R>.json."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU]
-    import torch
-
     if torch.cuda.is_available():
         acts.append(ProfilerActivity.CUDA)
-    prof = profile(activities=acts, record_shapes=True, profile_memory=True)
+    kwargs = {}
+    try:
+        from torch.profiler import ExecutionTraceObserver
+
+        cfg = _STATE["cfg"]
+        kwargs["execution_trace_observer"] = ExecutionTraceObserver().register_callback(
+            os.path.join(cfg["dir"], f"et_rank{cfg['rank']}.json"))
+    except Exception:  # an older PyTorch: shapes only
+        pass
+    os.makedirs(_STATE["cfg"]["dir"], exist_ok=True)
+    prof = profile(activities=acts, record_shapes=True, profile_memory=True, **kwargs)
     prof.__enter__()
     prof.step()  # so that the first profiled step is ProfilerStep#1's, fully inside the profile
     _STATE["prof"] = prof
@@ -107,9 +119,11 @@ def finish() -> None:
         import gzip
         import shutil
 
-        with open(tmp, "rb") as src, gzip.open(tmp + ".gz", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.remove(tmp)
+        for path in (tmp, os.path.join(cfg["dir"], f"et_rank{rank}.json")):
+            if os.path.exists(path):
+                with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                os.remove(path)
     print(f"[taxes trace] rank {rank}: {_STATE['count']} steps seen, {len(plain)} timed plain, "
           f"{'a trace written' if prof is not None else 'no profiled steps (the program ended first)'}",
           file=sys.stderr, flush=True)
