@@ -194,7 +194,8 @@ def gpu_kind(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:32] or "gpu"
 
 
-def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | None, timeout_s: float) -> tuple[list, str]:
+def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | None, timeout_s: float,
+                records: str | None = None) -> tuple[list, str]:
     """Measure every planted case on `gpus` ranks; returns (rows, the file they were written to)."""
     import json
 
@@ -213,6 +214,14 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
     meta = collect_metadata("known-answer", world, gpu, clock=opts["clock"], iterations=iters)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     write_atomic(path, json.dumps({"metadata": meta, "rows": rows}, indent=1) + "\n")
+    if records:  # every case's raw records, to look into a row later
+        import gzip
+
+        from taxes.instrument import raw_to_columns
+
+        recs = {k: [raw_to_columns(r[k]["raw"]) for r in results] for k in results[0] if isinstance(results[0][k], dict)
+                and "raw" in results[0][k]}
+        write_atomic(records, gzip.compress(json.dumps(recs).encode(), mtime=0))
     return rows, path
 
 
@@ -244,14 +253,16 @@ def _gpu_name() -> str:
 @click.option("--planted", is_flag=True, help="known answers instead: run workloads with taxes planted on purpose "
               "and check the attribution recovers each (rows to reports/known_answer/GPU-xWORLD.json, or -o FILE)")
 @click.option("--clock", type=click.Choice(["auto", "cupti", "torch.profiler"]), default="auto", show_default=True)
+@click.option("--records", default=None, help="--planted: also write every case's raw records here (.json.gz)")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, output, timeout_s, planted, clock, fmt):
+def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, output, timeout_s, planted, clock, records,
+                 fmt):
     """Predicted against measured E2E and taxes over a grid of shapes: signed error per case, then MAPE.
     With --planted: the attribution against taxes of known size."""
     import json
 
     if planted:
-        rows, path = run_planted(gpus, emulate, iters, clock, output, timeout_s)
+        rows, path = run_planted(gpus, emulate, iters, clock, output, timeout_s, records)
         if fmt == "json":
             click.echo(json.dumps(rows, indent=1))
         else:

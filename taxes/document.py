@@ -7,8 +7,8 @@ Per variant (beside what every document holds, taxes.results):
                          marks the variant `perturbed`
     components           the rows (taxes.attribute.ROWS) per rank and overall (rank null: per iteration
                          the slowest rank's rows), averaged over the interquartile iterations
-    timelines            every rank's timeline (taxes.timeline.to_columns), so `taxes report --hardware`
-                         can attribute it again with another hardware profile
+    records              every rank's raw records of the chosen clock (taxes.instrument.raw_to_columns), so
+                         `taxes report --hardware` can assemble and attribute them again
     attribution          {available, clock, clocks: {name: measurement cost}, rules, commit, unattributed_share,
                          kept_iterations, locality_bytes, gaps: {cause: us}, ...}
 One statistic everywhere: the interquartile mean (the mean of the iterations ranked between the 25th and
@@ -22,8 +22,8 @@ import math
 from taxes import attribute as att
 from taxes.floor import floor_of, kernel_floor_us
 from taxes.hardware import HardwareProfile
-from taxes.instrument import assemble
-from taxes.timeline import Timeline, from_columns, to_columns
+from taxes.instrument import assemble, raw_from_columns, raw_to_columns
+from taxes.timeline import Timeline
 from taxes.variants import get, lookup
 from taxes.workloads import make_workload
 
@@ -81,10 +81,12 @@ def case_document(results: list[dict], workload: str, world: int, dtype: str, hw
             tls = {clock: [assemble(r, raw, graph_phases=twin, comm_phases=comm) for r, raw in enumerate(rs)]
                    for clock, rs in raws.items()}
             entry.update(attribute_variant(w, name, tls, samples, hw, v0.get("facts", {})))
+            chosen = entry["attribution"]["clock"]
             if v0.get("clock_errors"):
                 entry["attribution"]["clock_errors"] = v0["clock_errors"]
-            main = tls[entry["attribution"]["clock"]]
-            eager_order[name] = _phase_order(main[0])
+            entry["records"] = {"clock": chosen, "comm_phases": list(comm), "graph_phases": [list(x) for x in twin or []],
+                                "ranks": [raw_to_columns(raw) for raw in raws[chosen]]}
+            eager_order[name] = _phase_order(tls[chosen][0])
         _predict_into(entry, w, hw)
         by_index[j] = entry
     entries = [by_index[j] for j in range(len(results[0]["variants"]))]
@@ -162,7 +164,6 @@ def entries_from(a: att.Attribution, s: dict, tls: list, plain: float | None, co
         "plain_e2e_us": plain, "attributed_e2e_us": e2e, "measurement_cost_us": cost,
         "perturbed": bool(cost is not None and plain and cost > PERTURBED * plain),
         "components": comps, "phases": _phases(tls, s),
-        "timelines": [to_columns(tl) for tl in tls],
         "attribution": {"available": True, "clock": clock, "clocks": costs, "rules": RULES,
                         "commit": _commit(), "statistic": STATISTIC,
                         "unattributed_share": s["rows"]["unattributed"] / e2e if e2e else None,
@@ -264,7 +265,7 @@ def _predict_into(entry: dict, w, hw: HardwareProfile) -> None:
 
 def reattribute(doc: dict, hw: HardwareProfile) -> dict:
     """The same measurements attributed with another hardware profile: floors, rows and predictions are
-    recomputed from the stored timelines; measured times are untouched. Variants without stored timelines
+    recomputed from the stored records; measured times are untouched. Variants without stored records
     keep their E2E and say their rows are not available."""
     import copy
 
@@ -272,11 +273,13 @@ def reattribute(doc: dict, hw: HardwareProfile) -> dict:
     for case in out["cases"]:
         w = make_workload(case["workload"], case["shape"], case["world"], case["dtype"])
         for entry in case["variants"]:
-            if entry.get("timelines"):
-                tls = [from_columns(d) for d in entry["timelines"]]
-                clock = (entry.get("attribution") or {}).get("clock", "stored")
+            rec = entry.get("records")
+            if rec:
+                twin = [tuple(x) for x in rec.get("graph_phases") or []] or None
+                tls = [assemble(r, raw_from_columns(d), graph_phases=twin, comm_phases=tuple(rec.get("comm_phases", ())))
+                       for r, d in enumerate(rec["ranks"])]
                 facts = {"splits": (entry.get("attribution") or {}).get("splits")}
-                entry.update(attribute_variant(w, entry["variant"], {clock: tls}, entry["samples_us"], hw, facts))
+                entry.update(attribute_variant(w, entry["variant"], {rec["clock"]: tls}, entry["samples_us"], hw, facts))
             _predict_into(entry, w, hw)
         if case.get("extra") is not None:
             case["extra"]["ladder"] = ladder(case)

@@ -223,17 +223,12 @@ def assemble(rank: int, raw: dict, graph_phases: list | None = None, comm_phases
     ls = la.set_index("correlation")["start_us"].reindex(acts["correlation"].values).values
     i = np.clip(np.searchsorted(hs, ls, side="right") - 1, 0, len(its) - 1)
     by_launch = ~np.isnan(ls) & (ls >= hs[i]) & (ls <= he[i])
-    j = np.clip(np.searchsorted(hs, acts["start_us"].values, side="right") - 1, 0, len(its) - 1)
-    by_start = acts["start_us"].values >= hs[j]
-    acts["step"] = np.where(by_launch, steps[i], np.where(np.isnan(ls) & by_start, steps[j], -2))
+    acts["step"] = np.where(by_launch, steps[i], -2)
     calls = host[host["kind"] == "call"].sort_values("start_us")
     acts["phase"] = _call_names(calls, ls)
-    synth = _launches_from_warmup(acts, launches, calls, its, hs, he, tid)
+    synth = _place_from_warmup(acts, la, calls, its, hs, he, tid)
     if len(synth):
         launches = pd.concat([launches, synth], ignore_index=True)
-        named = acts["phase"] == ""
-        acts.loc[named, "phase"] = _call_names(calls, synth.set_index("correlation")["start_us"]
-                                               .reindex(acts.loc[named, "correlation"].values).values)
     if graph_phases:
         _phases_by_occurrence(acts, graph_phases)
     if "comm" not in acts.columns:
@@ -272,34 +267,46 @@ def _call_names(calls: pd.DataFrame, when) -> np.ndarray:
     return np.where(inside, calls["name"].values[j], "").astype(object)
 
 
-def _launches_from_warmup(acts: pd.DataFrame, launches: pd.DataFrame, calls: pd.DataFrame, its: list,
-                          hs: np.ndarray, he: np.ndarray, tid) -> pd.DataFrame:
-    """Launch records for the activities of iterations recorded without them (see assemble)."""
-    la = launches[launches["kind"].isin(("launch", "graph"))].drop_duplicates("correlation").set_index("correlation")
-    has = acts["correlation"].isin(la.index)
-    template = None
-    for k, it in enumerate(its):  # the last iteration whose activities all have their launch: the template
-        mine = acts[(acts["step"] == it["step"])].sort_values("correlation")
-        if len(mine) and has[mine.index].all():
+def _place_from_warmup(acts: pd.DataFrame, la: pd.DataFrame, calls: pd.DataFrame, its: list, hs: np.ndarray,
+                       he: np.ndarray, tid) -> pd.DataFrame:
+    """For iterations recorded without launch records (see assemble): assign their activities (step,
+    phase) from the last warm-up iteration's launch sequence, and return launch records placed for them.
+
+    The candidates of iteration k start between its host start and the next iteration's; in issue order
+    (correlation ids), the first ones whose names run as the template's are the iteration's (what a barrier
+    launches afterwards is not). A placed launch starts and returns where it did in the template, relative to
+    its call's start, but returns no later than its call did or its activity started."""
+    la = la.set_index("correlation")
+    template, rows = None, []
+    for k, it in enumerate(its):  # the template: the last iteration whose activities were placed by their launch
+        mine = acts[acts["step"] == it["step"]].sort_values("correlation")
+        if len(mine):
             template = _sequence(mine, la, calls, hs[k], he[k])
-    rows = []
     if template is None:
         return pd.DataFrame(rows)
+    free = acts["step"] == -2
+    starts = acts["start_us"].values
     for k, it in enumerate(its):
-        mine = acts[(acts["step"] == it["step"])].sort_values("correlation")
-        if not len(mine) or has[mine.index].any():
-            continue
+        if (acts["step"] == it["step"]).any():
+            continue  # its launches were recorded
+        hi = hs[k + 1] if k + 1 < len(its) else np.inf
+        cand = acts[free & (starts >= hs[k]) & (starts < hi)].sort_values("correlation")
         mycalls = calls[(calls["start_us"] >= hs[k]) & (calls["end_us"] <= he[k])]
-        seq = _match(list(mine["name"]), template)
         done = set()
-        for (idx, corr), pos in zip(mine["correlation"].items(), seq):
-            if pos is None or corr in done:
+        for (idx, row), pos in zip(cand.iterrows(), _match(list(cand["name"]), template)):
+            if pos is None:
                 continue
             call_k, kind, off_s, off_e = template[pos][1:]
             if call_k >= len(mycalls):
                 continue
-            cs = float(mycalls["start_us"].iloc[call_k])
-            rows.append({"name": "launch (placed)", "kind": kind, "start_us": cs + off_s, "end_us": cs + off_e,
+            cs, ce = float(mycalls["start_us"].iloc[call_k]), float(mycalls["end_us"].iloc[call_k])
+            acts.at[idx, "step"] = it["step"]
+            acts.at[idx, "phase"] = mycalls["name"].iloc[call_k]
+            corr = row["correlation"]
+            if corr in done:
+                continue
+            end = min(cs + off_e, ce, row["start_us"])
+            rows.append({"name": "launch (placed)", "kind": kind, "start_us": min(cs + off_s, end), "end_us": end,
                          "correlation": corr, "tid": tid})
             done.add(corr)
     return pd.DataFrame(rows)
@@ -320,10 +327,11 @@ def _sequence(mine: pd.DataFrame, la: pd.DataFrame, calls: pd.DataFrame, h0: flo
 
 
 def _match(names: list, template: list) -> list:
-    """Position in the template of each name, in order: the whole sequence when it matches, else the next
-    unused entry of the same name (None where there is none)."""
-    if [t[0] for t in template] == names:
-        return list(range(len(names)))
+    """Position in the template of each name, in order: the template's sequence when the names begin with
+    it (what follows is not the iteration's), else the next unused entry of the same name (None: none)."""
+    want = [t[0] for t in template]
+    if names[:len(want)] == want:
+        return list(range(len(want))) + [None] * (len(names) - len(want))
     out, used = [], set()
     for n in names:
         pos = next((p for p, t in enumerate(template) if t[0] == n and p not in used), None)
@@ -348,3 +356,47 @@ def _phases_by_occurrence(acts: pd.DataFrame, eager: list) -> None:
             phases = by_name.get(name, [])
             if k < len(phases):
                 acts.at[i, "phase"] = phases[k]
+
+
+# ---- stored form of the raw records ----------------------------------------------------------------
+
+_RAW_COLUMNS = {"activities": ("name", "kind", "stream", "start_us", "end_us", "correlation", "graph", "comm"),
+                "launches": ("name", "kind", "start_us", "end_us", "correlation", "tid"),
+                "host": ("name", "kind", "start_us", "end_us")}
+
+
+def raw_to_columns(raw: dict) -> dict:
+    """One rank's raw records as JSON columns (times in us from the first host stamp, to the nanosecond):
+    what a document keeps so that assemble and the attribution can be redone later."""
+    frames = {k: raw[k] for k in _RAW_COLUMNS}
+    starts = [float(f["start_us"].min()) for f in frames.values() if len(f)]
+    base = min(starts) if starts else 0.0
+    out = {"base_us": base, "clock": raw.get("clock"), "iterations": [
+        {"step": int(it["step"]), "e2e_us": None if it["e2e_us"] != it["e2e_us"] else float(it["e2e_us"]),
+         "waits": {k: float(v) for k, v in it["waits"].items()}, "warmup": bool(it["warmup"])}
+        for it in raw["iterations"]]}
+    for key, cols in _RAW_COLUMNS.items():
+        f = frames[key]
+        col = {}
+        for c in cols:
+            if c not in f:
+                continue
+            v = f[c]
+            if c.endswith("_us"):
+                col[c] = [round(float(x) - base, 3) for x in v]
+            elif c in ("stream", "correlation", "graph", "tid"):
+                col[c] = [int(x) for x in v]
+            else:
+                col[c] = [str(x) for x in v]
+        out[key] = col
+    return out
+
+
+def raw_from_columns(d: dict) -> dict:
+    """The inverse of raw_to_columns (times stay relative to the first host stamp)."""
+    out = {"clock": d.get("clock"), "iterations": [
+        {"step": it["step"], "e2e_us": math.nan if it.get("e2e_us") is None else it["e2e_us"],
+         "waits": dict(it.get("waits") or {}), "warmup": bool(it.get("warmup"))} for it in d.get("iterations", [])]}
+    for key in _RAW_COLUMNS:
+        out[key] = pd.DataFrame(d.get(key) or {})
+    return out

@@ -190,24 +190,24 @@ def attributed(per_rank: list[dict]) -> dict:
 
 
 def _launch_path(tl, steps: list) -> float:
-    """Per iteration (mean over `steps`), the launching calls' time from their start until their launch
+    """Per iteration (mean over `steps`), the launching calls' time from their start until their last launch
     returned: the launch path the host walks (API records)."""
-    host = tl.host[tl.host["kind"] == "call"].sort_values("start_us")
-    la = tl.launches[tl.launches["kind"].isin(("launch", "graph"))].sort_values("start_us")
-    if host.empty or la.empty or not steps:
-        return 0.0
-    cs, ce = host["start_us"].values, host["end_us"].values
-    j = np.clip(np.searchsorted(cs, la["start_us"].values, side="right") - 1, 0, len(cs) - 1)
-    inside = (la["start_us"].values >= cs[j]) & (la["start_us"].values <= ce[j])
-    last_return = pd.Series(la["end_us"].values[inside]).groupby(j[inside]).max()
-    per_call = last_return.values - cs[last_return.index.values]
-    wins = tl.windows[tl.windows["step"].isin(steps)]
-    starts = cs[last_return.index.values]
-    total = 0.0
-    for w in wins.itertuples():  # the calls of a timed iteration: between its window's start and end
-        sel = (starts >= w.start_us - 1e4) & (starts <= w.end_us)
-        total += float(per_call[sel].sum())
-    return total / max(1, len(wins))
+    host = tl.host
+    calls = host[host["kind"] == "call"].sort_values("start_us")
+    spans = host[host["kind"] == "step"].set_index("name")
+    la = tl.launches[tl.launches["kind"].isin(("launch", "graph"))]
+    totals = []
+    for s in steps:
+        if f"step {s}" not in spans.index:
+            continue
+        h0, h1 = spans.at[f"step {s}", "start_us"], spans.at[f"step {s}", "end_us"]
+        total = 0.0
+        for c in calls[(calls["start_us"] >= h0) & (calls["end_us"] <= h1)].itertuples():
+            mine = la[(la["start_us"] >= c.start_us) & (la["start_us"] <= c.end_us)]
+            if len(mine):
+                total += float(mine["end_us"].max() - c.start_us)
+        totals.append(total)
+    return statistics.fmean(totals) if totals else 0.0
 
 
 def row(tax: str, case: str, planted: float, recovered: float, method: str, **extra) -> dict:

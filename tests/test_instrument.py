@@ -96,3 +96,20 @@ def test_windows_are_the_event_e2e_ending_at_the_last_activity():
         last = tl.activities.loc[tl.activities["step"] == w.step, "end_us"].max()
         assert w.end_us == pytest.approx(last)
     assert all(math.isclose(sum(r[k] for k in ROWS), r["span_us"], rel_tol=1e-9) for _, r in rows.iterrows())
+
+
+def test_what_a_barrier_launches_after_an_iteration_is_not_the_iterations():
+    raw = record_iterations(CTX, Steps(), [()], 4, 2, ActivitiesOnly(), graph=False, fused=False)
+    acts, host = raw["activities"], raw["host"]
+    steps = host[host["kind"] == "step"].sort_values("start_us")
+    # after timed iteration 3's work, before iteration 4's host start: a kernel named like the first one
+    last = acts[acts["start_us"] < steps["start_us"].iloc[4]].iloc[-1]
+    stray = last.to_frame().T.assign(start_us=last["end_us"] + 1.0, end_us=last["end_us"] + 2.0, name="a",
+                                     correlation=acts["correlation"].max() + 50)
+    raw = dict(raw, activities=pd.concat([acts, stray], ignore_index=True).astype(acts.dtypes.to_dict()))
+    tl = assemble(0, raw, comm_phases=("b",))
+    assert int(stray["correlation"].iloc[0]) not in set(tl.activities["correlation"])
+    placed = tl.launches[tl.launches["name"] == "launch (placed)"].set_index("correlation")
+    starts = tl.activities.set_index("correlation")["start_us"]
+    assert (placed["end_us"] <= starts.reindex(placed.index)).all()  # a launch returns before its kernel starts
+    assert all(tl.activities.groupby("step")["phase"].apply(list).map(lambda p: p == ["a", "b", "c"]))

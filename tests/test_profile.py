@@ -1,7 +1,7 @@
 """`taxes profile` end to end on emulated ranks (the kernels under Triton's interpreter, the host clock as
 the per-kernel clock): every variant checked, timed plain and instrumented, attributed with rows that add
 up to the E2E printed with them; committed GPU documents measured under older rules keep their E2E and
-show no rows; re-attribution from the stored timelines. No GPU needed."""
+show no rows; re-attribution from the stored records. No GPU needed."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_emulated_profile_of_both_workloads_checks_every_variant_and_closes():
                 assert_rows_add_up(v)
                 assert v["plain_e2e_us"] > 0 and v["measurement_cost_us"] == pytest.approx(
                     v["attributed_e2e_us"] - v["plain_e2e_us"])
-                assert v["attribution"]["clock"] == "host" and len(v["timelines"]) == 2
+                assert v["attribution"]["clock"] == "host" and len(v["records"]["ranks"]) == 2
     assert set(ag.components["component"]) == set(ROWS)
     assert not fd.phases.empty
 
@@ -108,7 +108,7 @@ def test_emulated_profile_interleaves_the_variants_in_rounds(monkeypatch):
     for v in doc["cases"][0]["variants"]:
         assert v["correctness"]["passed"]
         # the instrumented iterations, per rank, too: 5 timed windows in each rank's timeline
-        assert [len(tl["windows"]["step"]) for tl in v["timelines"]] == [5, 5]
+        assert [sum(not it["warmup"] for it in r["iterations"]) for r in v["records"]["ranks"]] == [5, 5]
 
 
 @pytest.mark.slow
@@ -171,7 +171,7 @@ def test_emulated_profile_of_gemm_rs():
 
 
 @pytest.mark.slow
-def test_report_reattributes_a_measured_document_from_its_stored_timelines(tmp_path):
+def test_report_reattributes_a_measured_document_from_its_stored_records(tmp_path):
     from taxes.profiling import profile
 
     doc = profile("flash-decode", "B=1,Hq=8,Hkv=2,D=64,S=24", 2, ["bsp", "fused-push"], iters=4, warmup=1,
