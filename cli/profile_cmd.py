@@ -87,14 +87,22 @@ def _write(doc: dict, output: str | None, force: bool) -> str | None:
 @click.option("-o", "--output", default=None, help="result document path, or a directory to add a new one to")
 @click.option("--force", is_flag=True, help="overwrite an existing -o file")
 @click.option("--format", "fmt", type=click.Choice(["table", "md", "json", "html"]), default="table", show_default=True)
+@click.option("--strict", is_flag=True, help="refuse to run from a checkout with uncommitted changes (or of unknown commit)")
 def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, hardware_name, emulate, clock,
-                wait_s, timeout_s, config_text, output, force, fmt):
+                wait_s, timeout_s, config_text, output, force, fmt, strict):
     """Run every variant of WORKLOAD on this node's GPUs and split each one's time into the three taxes."""
     from taxes.hardware import get_profile
     from taxes.profiling import plan, run_profile
 
     if output and os.path.exists(output) and not os.path.isdir(output) and not force:
         raise TaxesError(f"{output}: already exists; pass --force to replace it (or -o a directory)")
+    if strict:
+        from taxes.provenance import collect
+
+        p = collect()
+        if p["git_dirty"] is not False or not p["git_commit"]:
+            raise TaxesError("profile --strict: " + ("the checkout has uncommitted changes; commit them first"
+                                                     if p["git_dirty"] else "the code's commit is unknown"))
     hw = get_profile(hardware_name)
     config = parse_config(config_text)
     if not emulate:

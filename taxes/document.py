@@ -189,9 +189,11 @@ def _locality_bytes(w, v, splits) -> float | None:
 
 
 def _commit() -> str | None:
-    from taxes.results import git_commit
+    """The attribution code's commit (with "+dirty" when the checkout had uncommitted changes)."""
+    from taxes.provenance import collect
 
-    return git_commit()
+    p = collect()
+    return p["git_commit"] and p["git_commit"] + ("+dirty" if p["git_dirty"] else "")
 
 
 def _phases(tls: list, s: dict) -> list[dict]:

@@ -86,11 +86,12 @@ def git_dirty(path: str | Path | None = None) -> bool | None:
 
 def collect_metadata(kind: str, world_size: int, hardware_profile: str, **extra) -> dict:
     """Versions, commit, date and (when torch is already loaded with CUDA) the GPUs and their clocks."""
+    from taxes.provenance import collect
+
     meta = {
         "kind": kind,
         "tool_version": taxes.__version__,
-        "git_commit": git_commit(),
-        "git_dirty": git_dirty(),
+        **{k: v for k, v in collect().items()},
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "torch_version": _version("torch"),
         "triton_version": _version("triton"),
