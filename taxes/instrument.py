@@ -102,7 +102,7 @@ def make_recorder(clock: str, on_gpu: bool, api: str = "warmup"):
 
 
 def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, recorder, graph: bool,
-                      fused: bool, trace_of=None) -> dict:
+                      fused: bool, trace_of=None, capture_after_start: bool = False) -> dict:
     """Run warmup + iters instrumented iterations; returns this rank's raw records: {"activities",
     "launches", "host", "iterations": [{"step", "e2e_us", "waits": {phase: us}, "warmup"}], "clock"}.
     trace_of(runner) -> {phase: mean in-kernel wait us} of the last call, for fused kernels' traced builds."""
@@ -116,10 +116,15 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
         start_ev.record()
         end_ev.record()
         end_ev.synchronize()
-    if graph and on_gpu:  # captured before recording starts: a capture's launches run nothing
+    def capture():
         for k, inputs in enumerate(input_sets):
             graphs[k] = _capture(runner.phases(*inputs, traced=fused))
+
+    if graph and on_gpu and not capture_after_start:  # a capture's launches run nothing: no records of them
+        capture()
     rec = recorder.start()
+    if graph and on_gpu and capture_after_start:  # instantiated under the clock (cheaper replays, if the clock
+        capture()  # instruments a graph once when it is instantiated)
     lean = isinstance(rec, HostStamps)  # raw stamps appended inline: no context managers between launches
     now, stamps = (rec.now_raw, rec.raw) if lean else (None, None)
     try:
