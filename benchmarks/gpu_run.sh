@@ -24,32 +24,20 @@ GPU=$(python3 -c "import torch; n=torch.cuda.get_device_name(0).upper(); print(n
 HW="$OUT/$GPU-x1-calibrated.json"
 
 if [ "$stage" = timeline ]; then
-    python3 - <<'PY' 2>&1 | tail -12
-from taxes.cupti import Recorder, available
-print("cupti:", available() or "usable")
-import torch
-x = torch.zeros(1, device="cuda")
-r = Recorder().start()
-for _ in range(5):
-    with r.call("add"):
-        x.add_(1)
-torch.cuda.synchronize()
-acts, launches, host = r.stop()
-print("activities", len(acts), list(acts["name"][:2]), "launches", launches["name"].value_counts().to_dict(), "host", len(host))
-print("first kernel - launch return (us):", float(acts["start_us"].iloc[0] - launches["end_us"].iloc[0]) if len(acts) and len(launches) else None)
-PY
-    timeout 120 taxes calibrate --gpus 1 --quick -o "$HW" 2>&1 | tail -4
-    [ -f "$HW" ] || HW=h100-sxm
-    timeout 200 taxes validate --planted --gpus 1 --iters 30 --clock cupti -o "$OUT/known_answer-$GPU-x1.json" 2>&1 | tail -9
+    HW=reports/calibration/$GPU-x1-calibrated.json
+    [ -f "$HW" ] || { timeout 120 taxes calibrate --gpus 1 --quick -o "$OUT/$GPU-x1-calibrated.json" 2>&1 | tail -2; HW="$OUT/$GPU-x1-calibrated.json"; }
+    timeout 150 taxes validate --planted --gpus 1 --iters 30 --clock cupti -o "$OUT/known_answer-$GPU-x1.json" \
+        --records "$OUT/known_answer-$GPU-x1.records.json.gz" 2>&1 | tail -8
+    timeout 120 python3 benchmarks/clock_cost.py --workload flash-decode --shape B=1,S=131072 --iters 40 --rounds 3 \
+        --out "$OUT/clock_cost-$GPU.json" 2>&1 | tail -9
     for S in 131072 32768; do
-        timeout 150 taxes profile flash-decode --gpus 1 --shape B=1,S=$S --iters 30 --rounds 3 --clock both \
-            --hardware "$HW" -o "$OUT/flash_decode-$GPU-x1-B1-S$S.json" --force --timeout-s 140 --format md 2>&1 \
+        timeout 110 taxes profile flash-decode --gpus 1 --shape B=1,S=$S --iters 100 --rounds 5 --clock cupti \
+            --hardware "$HW" -o "$OUT/flash_decode-$GPU-x1-B1-S$S.json" --force --timeout-s 100 --format md 2>&1 \
             | grep -E "^\| (E2E|measurement|kernel-launch|host-bound|speed|correct)|rror|wrote"
     done
-    timeout 120 taxes profile ag-gemm --gpus 1 --shape M=1024,N=8192,K=8192 --iters 30 --rounds 3 --clock both \
-        --hardware "$HW" -o "$OUT/ag_gemm-$GPU-x1-M1024.json" --force --timeout-s 110 --format md 2>&1 \
+    timeout 100 taxes profile ag-gemm --gpus 1 --shape M=1024,N=8192,K=8192 --shape M=8192,N=8192,K=8192 --iters 60 \
+        --rounds 5 --clock cupti --hardware "$HW" -o "$OUT/ag_gemm-$GPU-x1.json" --force --timeout-s 95 --format md 2>&1 \
         | grep -E "^\| (E2E|measurement|kernel-launch|host-bound|speed|correct)|rror|wrote"
-    timeout 120 python3 benchmarks/launch_cost.py --cupti --quick --no-graphs --out "$OUT/launch_cost-$GPU.json" 2>&1 | tail -12
     for f in "$OUT"/flash_decode*.json "$OUT"/ag_gemm*.json; do taxes check "$f" 2>&1 | head -8; done
 fi
 
@@ -60,12 +48,12 @@ if [ "$stage" = traces ]; then
         timeout "$secs" taxes trace --out "$T/$name" --steps 5 --plain 10 --skip 5 --format json -- "$@" \
             > "$T/$name.log" 2>&1; echo "$name: exit $? $(grep -E '^llama|^chain|traced|error' "$T/$name.log" | tr '\n' ' ')"
     }
-    run llama-forward 90 python3 benchmarks/programs/llama.py --mode forward --steps 30
-    run llama-graph 90 python3 benchmarks/programs/llama.py --mode graph --steps 30
-    run llama-spin 90 python3 benchmarks/programs/llama.py --mode forward --steps 30 --spin-us 50
-    run llama-train 80 python3 benchmarks/programs/llama.py --mode train --steps 30
-    run chain-eager 60 python3 benchmarks/programs/chain.py --mode eager --steps 30
-    run chain-compiled 120 python3 benchmarks/programs/chain.py --mode compiled --steps 30
+    run llama-forward 60 python3 benchmarks/programs/llama.py --mode forward --steps 30
+    run llama-graph 60 python3 benchmarks/programs/llama.py --mode graph --steps 30
+    run llama-spin 60 python3 benchmarks/programs/llama.py --mode forward --steps 30 --spin-us 50
+    run llama-train 60 python3 benchmarks/programs/llama.py --mode train --steps 30
+    run chain-eager 40 python3 benchmarks/programs/chain.py --mode eager --steps 30
+    run chain-compiled 90 python3 benchmarks/programs/chain.py --mode compiled --steps 30
     tar -czf "$OUT/traces.tar.gz" -C "$OUT" traces && rm -rf "$T"
     ls -la "$OUT"
 fi

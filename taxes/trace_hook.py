@@ -87,10 +87,16 @@ def _start_profiler() -> None:
             os.path.join(cfg["dir"], f"et_rank{cfg['rank']}.json"))
     except Exception:  # an older PyTorch: shapes only
         pass
-    os.makedirs(_STATE["cfg"]["dir"], exist_ok=True)
-    prof = profile(activities=acts, record_shapes=True, profile_memory=True, **kwargs)
+    from torch.profiler import schedule
+
+    cfg = _STATE["cfg"]
+    os.makedirs(cfg["dir"], exist_ok=True)
+    path = os.path.join(cfg["dir"], f"rank{cfg['rank']}.json")
+    # a schedule is what makes torch.profiler mark its steps (ProfilerStep#N): one cycle of `steps` steps
+    prof = profile(activities=acts, record_shapes=True, profile_memory=True,
+                   schedule=schedule(wait=0, warmup=0, active=cfg["steps"], repeat=1),
+                   on_trace_ready=lambda p: p.export_chrome_trace(path), **kwargs)
     prof.__enter__()
-    prof.step()  # so that the first profiled step is ProfilerStep#1's, fully inside the profile
     _STATE["prof"] = prof
 
 
@@ -99,6 +105,8 @@ def finish() -> None:
     if not active() or _STATE["done"]:
         return
     _STATE["done"] = True
+    if _STATE["count"] == 0:
+        return  # a process of the program's own that never ran a step (a compile worker): nothing to say
     cfg = _STATE["cfg"]
     rank = cfg["rank"]
     os.makedirs(cfg["dir"], exist_ok=True)
@@ -113,9 +121,10 @@ def finish() -> None:
         json.dump({"rank": rank, "plain_step_us": plain, "steps_seen": _STATE["count"], "signal": cfg["signal"]}, f)
     prof = _STATE.get("prof")
     if prof is not None:
-        prof.__exit__(None, None, None)
         tmp = os.path.join(cfg["dir"], f"rank{rank}.json")
-        prof.export_chrome_trace(tmp)
+        prof.__exit__(None, None, None)  # saves the cycle if it was not complete
+        if not os.path.exists(tmp):
+            prof.export_chrome_trace(tmp)
         import gzip
         import shutil
 
