@@ -20,6 +20,8 @@ if ls .wheels/*.whl >/dev/null 2>&1; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
 export PYTHONUNBUFFERED=1
+# the copy's .git (if any) is not the code's: documents take their commit from the stamp written before the copy
+[ -f .taxes-provenance.json ] && export TAXES_PROVENANCE=stamp
 GPU=$(python3 -c "import torch; n=torch.cuda.get_device_name(0).upper(); print(next((k.lower() for k in ('H100','H200','A100','B200') if k in n), 'gpu'))")
 HW="$OUT/$GPU-x1-calibrated.json"
 

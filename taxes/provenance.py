@@ -26,13 +26,22 @@ def _git(*args: str) -> str | None:
 
 
 def collect() -> dict:
-    """{"git_commit", "git_dirty", "git_diff_sha256", "provenance"}: from git, else from the stamp file."""
+    """{"git_commit", "git_dirty", "git_diff_sha256", "provenance"}: from git, else from the stamp file; the
+    stamp first where TAXES_PROVENANCE=stamp (a copied tree whose .git, if any, is not the code's)."""
+    import os
+
+    if os.environ.get("TAXES_PROVENANCE") == "stamp":
+        return _stamp()
     head = _git("rev-parse", "HEAD")
     if head:
         diff = _git("diff", "HEAD", "--no-ext-diff") or ""
         dirty = bool(diff.strip())
         return {"git_commit": head.strip(), "git_dirty": dirty,
                 "git_diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if dirty else None, "provenance": "git"}
+    return _stamp()
+
+
+def _stamp() -> dict:
     try:
         d = json.loads((ROOT / STAMP).read_text())
         return {"git_commit": d.get("git_commit"), "git_dirty": d.get("git_dirty"),
