@@ -22,9 +22,9 @@ def check_markdown(frame, failing_only: bool = True) -> str:
     detail = frame[~frame["ok"]] if failing_only else frame
     if len(detail):
         out += ["Failing:" if failing_only else "All:", "",
-                md_table(["check", "workload", "shape", "variant", "where", "value us", "reference us", "error"],
-                         [[r.check, r.workload, r.shape, r.variant, r.where, _us(r.value), _us(r.reference), pct(r.error)]
-                          for r in detail.itertuples()]), ""]
+                md_table(["check", "workload", "shape", "variant", "where", "value us", "reference us", "error", "cause"],
+                         [[r.check, r.workload, r.shape, r.variant, r.where, _us(r.value), _us(r.reference), pct(r.error),
+                           r.cause] for r in detail.itertuples()]), ""]
     return "\n".join(out)
 
 

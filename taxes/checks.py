@@ -20,7 +20,7 @@ import math
 import pandas as pd
 
 LIMITS = {"closure": 0.001, "measurement": 0.03, "unattributed": 0.05, "ladder": 0.20}
-COLUMNS = ["check", "workload", "shape", "variant", "where", "value", "reference", "error", "limit", "ok"]
+COLUMNS = ["check", "workload", "shape", "variant", "where", "value", "reference", "error", "limit", "ok", "cause"]
 
 
 def _shape(case: dict) -> str:
@@ -35,7 +35,7 @@ def _row(check, case, variant, where, value, reference, error, signed: bool = Tr
     limit = LIMITS[check]
     ok = error is not None and math.isfinite(error) and (abs(error) <= limit if signed else error <= limit)
     return {"check": check, "workload": case["workload"], "shape": _shape(case), "variant": variant, "where": where,
-            "value": value, "reference": reference, "error": error, "limit": limit, "ok": bool(ok)}
+            "value": value, "reference": reference, "error": error, "limit": limit, "ok": bool(ok), "cause": ""}
 
 
 def case_checks(case: dict) -> list[dict]:
@@ -60,9 +60,25 @@ def case_checks(case: dict) -> list[dict]:
             continue
         ladder, timeline = pair["plain_us"], pair["timeline_us"]
         err = (timeline - ladder) / ladder if ladder > 0 else None
-        rows.append(_row("ladder", case, pair["bsp"], f"{pair['bsp']} - {pair['graph']}: launch + host_bound", timeline,
-                         ladder, err))
+        r = _row("ladder", case, pair["bsp"], f"{pair['bsp']} - {pair['graph']}: launch + host_bound", timeline, ladder, err)
+        r["cause"] = ladder_cause(pair) if not r["ok"] else ""
+        rows.append(r)
     return rows
+
+
+def ladder_cause(pair: dict) -> str:
+    """Why the timeline and the plain ladder disagree, where the document shows it: the instrumented runs'
+    own ladder (the runs the timeline comes from) and the plain runs' spread."""
+    inst = pair.get("instrumented_us")
+    if inst is None or inst <= 0:
+        return "unexplained"
+    agree = (pair["timeline_us"] - inst) / inst
+    spread = max(pair.get("plain_spread_us") or [0.0])
+    if abs(agree) <= LIMITS["ladder"]:
+        return (f"the timeline agrees with the instrumented runs' ladder ({inst:.1f} us, {100 * agree:+.1f}%); the plain "
+                f"ladder differs from it by {pair['plain_us'] - inst:+.1f} us: run-to-run variance (the plain runs' "
+                f"p10-p90 spread is up to {spread:.1f} us) or measurement cost")
+    return f"unexplained: the instrumented runs' ladder is {inst:.1f} us ({100 * agree:+.1f}% from the timeline)"
 
 
 def checks_frame(doc: dict) -> pd.DataFrame:

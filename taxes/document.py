@@ -72,7 +72,12 @@ def case_document(results: list[dict], workload: str, world: int, dtype: str, hw
                                  "passed": ok and v0["rel_error"] is not None and v0["rel_error"] <= TOLERANCE,
                                  "rel_error": v0["rel_error"], "tolerance": TOLERANCE,
                                  "reference": "float32, outputs poisoned with NaN"},
-                 "samples_us": samples, "e2e_us": summarize_samples(samples), "phases": [], "components": []}
+                 "samples_us": samples, "e2e_us": summarize_samples(samples), "phases": [], "components": [],
+                 "attributed_e2e_us": None, "measurement_cost_us": None,
+                 "attribution": {"available": False, "why": "not timed with the per-kernel clock (" + (
+                     "someone else's implementation: timed plain" if get(workload, name).peer else
+                     "it failed" if not ok else "no instrumented records") + ")"}}
+        entry["plain_e2e_us"] = entry["e2e_us"]["iqm"]
         raws = {clock: [r["variants"][j]["raw"].get(clock) for r in results] for clock in v0.get("raw", {})}
         if ok and raws and all(all(x is not None for x in rs) for rs in raws.values()):
             v = get(workload, name)
@@ -237,6 +242,8 @@ def ladder(case: dict) -> dict:
         rb, rg = _overall(by[b]), _overall(by[g])
         if rb and rg:
             item["timeline_us"] = (rb["launch"] + rb["host_bound"]) - (rg["launch"] + rg["host_bound"])
+            item["instrumented_us"] = by[b]["attributed_e2e_us"] - by[g]["attributed_e2e_us"]
+            item["plain_spread_us"] = [(by[x]["e2e_us"].get("p90") or 0) - (by[x]["e2e_us"].get("p10") or 0) for x in (b, g)]
             item["graph_residual_us"] = rg["launch"] + rg["graph_gaps"]
             item["bsp_queued_us"] = rb["queued"]
         out.setdefault("pairs", []).append(item)

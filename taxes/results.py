@@ -152,9 +152,11 @@ def upgrade(doc: dict) -> dict:
     if doc.get("metadata", {}).get("kind") != "profile" or doc.get("metadata", {}).get("source") == "trace":
         return doc
     for case in doc.get("cases", []):
+        older = False
         for v in case.get("variants", []):
             if "attributed_e2e_us" in v or not v.get("samples_us"):
                 continue
+            older = True
             v["e2e_us"] = summarize_samples(v["samples_us"], v["e2e_us"].get("label", "measured"))
             for key in ("phased_us", "cta_timeline"):
                 v.pop(key, None)
@@ -162,9 +164,10 @@ def upgrade(doc: dict) -> dict:
             v.update(plain_e2e_us=v["e2e_us"]["iqm"], attributed_e2e_us=None, measurement_cost_us=None)
             v["attribution"] = {"available": False, "why": NO_ROWS}
         extra = case.get("extra") or {}
-        extra.pop("profiler_check", None)
-        if "ladder" in extra:
-            extra["ladder"] = {k: extra["ladder"][k] for k in ("best_fused",) if k in extra["ladder"]}
+        if older:  # the older rules' ladder entries went with their rows
+            extra.pop("profiler_check", None)
+            if "ladder" in extra:
+                extra["ladder"] = {k: extra["ladder"][k] for k in ("best_fused",) if k in extra["ladder"]}
     return doc
 
 

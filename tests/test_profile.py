@@ -24,13 +24,14 @@ COMMITTED = sorted(p for p in (ROOT / "reports").rglob("*.json*") if p.name.ends
 
 
 def _profile_documents():
+    """The committed result documents (schema taxes.result), compressed or not."""
+    import gzip
+
     out = []
     for p in COMMITTED:
-        try:
-            head = p.read_bytes()[:4000]
-        except OSError:
-            continue
-        if p.suffix == ".gz" or b'"schema": "taxes.result"' in head:
+        data = p.read_bytes()
+        head = (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)[:400]
+        if b'"taxes.result"' in head:
             out.append(p)
     return out
 
