@@ -606,7 +606,7 @@ class FlashDecode:
             o, lse = self._sdpa_run(q, k, v)
         packed = self.local.view(B, Hkv, G, D + 1)
         packed[..., :D].copy_(o.reshape(B, Hkv, G, D))
-        packed[..., D].copy_(lse.reshape(B, Hkv, G) * LOG2E)
+        torch.mul(lse.reshape(B, Hkv, G), LOG2E, out=packed[..., D])  # one kernel, no temporary
 
     def _sdpa_run(self, q, k, v):
         if self.sdpa_backend is not None:
