@@ -192,6 +192,71 @@ def validation_rows(docs: list[dict]) -> list[dict]:
     return rows
 
 
+def validation_summary(rows: list[dict], hardware: str) -> dict:
+    """E2E MAPE, per-tax mean signed and absolute errors, and the worst case, over the rows."""
+    from taxes.model import TAXES
+
+    errs = [abs(r["e2e_error_pct"]) for r in rows]
+    worst = max(rows, key=lambda r: abs(r["e2e_error_pct"]))
+    per_tax = {}
+    for tax in TAXES:
+        e = [r[f"{tax}_error_pct"] for r in rows if r.get(f"{tax}_error_pct") is not None]
+        us = [r[f"predicted_{tax}_us"] - r[f"measured_{tax}_us"] for r in rows if f"measured_{tax}_us" in r]
+        if e:
+            per_tax[tax] = {"cases": len(e), "mean_signed_error_pct": sum(e) / len(e),
+                            "mean_absolute_error_pct": sum(abs(x) for x in e) / len(e),
+                            "mean_signed_error_us": sum(us) / len(us), "mean_absolute_error_us": sum(map(abs, us)) / len(us)}
+    return {"hardware": hardware, "cases": len(rows), "e2e_mape_pct": sum(errs) / len(errs), "per_tax": per_tax,
+            "worst": {k: worst[k] for k in ("workload", "shape", "variant", "e2e_error_pct")}, "rows": rows}
+
+
+def _print_validation(rows: list[dict], summary: dict) -> None:
+    from pathlib import Path
+
+    from taxes.model import TAXES
+
+    head = f"{'workload':<13}{'shape':<34}{'variant':<18}{'measured':>10}{'predicted':>10}{'error':>8}"
+    click.echo(head + "".join(f"{t[:12]:>14}" for t in TAXES))
+    for r in rows:
+        cells = "".join(f"{r[f'{t}_error_pct']:>+13.0f}%" if r.get(f"{t}_error_pct") is not None else f"{'-':>14}"
+                        for t in TAXES)
+        click.echo(f"{r['workload']:<13}{r['shape'][:33]:<34}{r['variant']:<18}{r['measured_e2e_us']:>10.1f}"
+                   f"{r['predicted_e2e_us']:>10.1f}{r['e2e_error_pct']:>+7.1f}%" + cells)
+    w = summary["worst"]
+    click.echo(f"E2E mean absolute percentage error {summary['e2e_mape_pct']:.1f}% over {summary['cases']} cases; "
+               f"worst {w['variant']} {w['shape']} ({w['e2e_error_pct']:+.1f}%)")
+    for tax, d in summary["per_tax"].items():
+        click.echo(f"{tax} tax: mean signed error {d['mean_signed_error_us']:+.1f} us ({d['mean_signed_error_pct']:+.0f}%), "
+                   f"mean absolute {d['mean_absolute_error_us']:.1f} us ({d['mean_absolute_error_pct']:.0f}%) over "
+                   f"{d['cases']} cases (predicted against measured rows)")
+    for c in summary.get("calibrations", []):
+        click.echo(f"with {c['profile']} ({Path(c['path']).name}): E2E MAPE {c['e2e_mape_pct']:.1f}% over {c['cases']} cases")
+    if summary.get("calibrations"):
+        m = [c["e2e_mape_pct"] for c in summary["calibrations"]]
+        click.echo(f"E2E MAPE over {len(m)} calibrations: {min(m):.1f}% to {max(m):.1f}%")
+
+
+def _mape_per_calibration(from_docs, directory: str) -> list[dict]:
+    """The same documents attributed and predicted with every calibrated profile in `directory`."""
+    from pathlib import Path
+
+    from taxes.document import reattribute
+    from taxes.hardware import load_profile_file
+    from taxes.results import load
+
+    out = []
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            hw = load_profile_file(path)
+        except TaxesError:
+            continue  # not a profile (raw readings)
+        rows = validation_rows([reattribute(load(p), hw) for p in from_docs])
+        if rows:
+            out.append({"profile": hw.name, "path": str(path), "cases": len(rows),
+                        "e2e_mape_pct": sum(abs(r["e2e_error_pct"]) for r in rows) / len(rows)})
+    return out
+
+
 def gpu_kind(name: str) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'h100': the name of a GPU kind in file names."""
     import re
@@ -262,9 +327,11 @@ def _gpu_name() -> str:
               "and check the attribution recovers each (rows to reports/known_answer/GPU-xWORLD.json, or -o FILE)")
 @click.option("--clock", type=click.Choice(["auto", "cupti", "torch.profiler"]), default="auto", show_default=True)
 @click.option("--records", default=None, help="--planted: also write every case's raw records here (.json.gz)")
+@click.option("--each-calibration", default=None, metavar="DIR",
+              help="with --from: also the E2E error with every calibrated profile in DIR (its spread)")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, output, timeout_s, planted, clock, records,
-                 fmt):
+                 each_calibration, fmt):
     """Predicted against measured E2E and taxes over a grid of shapes: signed error per case, then MAPE.
     With --planted: the attribution against taxes of known size."""
     import json
@@ -311,16 +378,13 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
     rows = validation_rows(docs)
     if not rows:
         raise TaxesError("validate: no variant with both a prediction and a measurement")
-    errs = [abs(r["e2e_error_pct"]) for r in rows]
-    worst = max(rows, key=lambda r: abs(r["e2e_error_pct"]))
-    click.echo(f"{'workload':<13}{'shape':<34}{'variant':<18}{'measured':>10}{'predicted':>10}{'error':>8}")
-    for r in rows:
-        click.echo(f"{r['workload']:<13}{r['shape']:<34}{r['variant']:<18}{r['measured_e2e_us']:>10.1f}"
-                   f"{r['predicted_e2e_us']:>10.1f}{r['e2e_error_pct']:>+7.1f}%")
-    summary = {"hardware": hw.name, "cases": len(rows), "e2e_mape_pct": sum(errs) / len(errs),
-               "worst": {k: worst[k] for k in ("workload", "shape", "variant", "e2e_error_pct")}, "rows": rows}
-    click.echo(f"E2E mean absolute percentage error {summary['e2e_mape_pct']:.1f}% over {len(rows)} cases; worst "
-               f"{worst['variant']} {worst['shape']} ({worst['e2e_error_pct']:+.1f}%)")
+    summary = validation_summary(rows, hw.name)
+    if each_calibration:
+        summary["calibrations"] = _mape_per_calibration(from_docs, each_calibration)
+    if fmt == "json":
+        click.echo(json.dumps(summary, indent=1))
+    else:
+        _print_validation(rows, summary)
     if output:
         os.makedirs(output, exist_ok=True)
         write_atomic(os.path.join(output, "validation.json"), json.dumps(summary, indent=1))
