@@ -44,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from taxes.variants import names
 from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
 from taxes.kernels.runtime import RankContext, SymBuffer, interpreting, replay_graph
 from taxes.kernels.sync import (
@@ -56,7 +57,7 @@ from taxes.kernels.sync import (
     wait_budget,
 )
 
-VARIANTS = ("bsp", "bsp-graph", "fused-pull", "fused-push", "fused-push-graph", "torch-async-tp")
+VARIANTS = names("ag-gemm")  # the variants with kernels here (taxes.variants)
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -49,6 +49,7 @@ import triton.language as tl
 
 from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
 from taxes.kernels.runtime import RankContext, interpreting, replay_graph
+from taxes.variants import get, names
 
 try:  # host-side TMA descriptors (Triton 3.3 and later)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -68,7 +69,7 @@ from taxes.kernels.sync import (
     wait_budget,
 )
 
-VARIANTS = ("bsp", "bsp-graph", "fused-push", "fused-push-graph", "bsp-sdpa", "bsp-sdpa-graph")
+VARIANTS = names("flash-decode")  # the variants with kernels here (taxes.variants)
 TRACE_WORDS = tl.constexpr(3)  # per program of a traced fused combine: start ns, ns spent waiting for peers, end ns
 SENTINEL_BITS = 0x7F80DEAD  # a NaN payload float arithmetic never produces (it yields 0x7FC00000)
 LOG2E = 1.4426950408889634
@@ -564,8 +565,9 @@ class FlashDecode:
         self.B, self.Hq, self.Hkv, self.D, self.S = B, Hq, Hkv, D, S
         self.G = Hq // Hkv
         self.interp = interpreting()
-        self.fused = variant.startswith("fused")
-        self.graphed = variant.endswith("-graph") and ctx.device.type == "cuda"
+        kind = get("flash-decode", variant)
+        self.fused = kind.fused
+        self.graphed = kind.graphed and ctx.device.type == "cuda"
         self.graphs: dict = {}
         self._bound = BoundedCache(16)  # the combine launches, bound once per output buffer
         R = B * Hq

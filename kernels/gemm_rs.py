@@ -74,6 +74,7 @@ import torch
 import triton
 import triton.language as tl
 
+from taxes.variants import names
 from taxes.kernels.ag_gemm import _num_sms, nearest_tuned, rel_error
 from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
 from taxes.kernels.runtime import RankContext, interpreting, replay_graph
@@ -82,7 +83,7 @@ from taxes.kernels.sync import ERR_WORDS, peer_ptr, raise_if_timed_out, signal, 
 __all__ = ["VARIANTS", "Config", "GemmRsBsp", "GemmRsFused", "GemmRsFusedGraph", "GemmRsTorchFused", "check_shape",
            "make_variant", "reference", "tuned_config", "rel_error", "reduce_scatter_rows"]
 
-VARIANTS = ("bsp", "bsp-graph", "fused-push", "fused-push-graph", "torch-fused-rs")
+VARIANTS = names("gemm-rs")  # the variants with kernels here (taxes.variants)
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from taxes.workloads import TP_MLP_FUSED, AgGemm, FlashDecode, GemmRs, TpMlp, Workload
+from taxes.variants import get
+from taxes.workloads import AgGemm, FlashDecode, GemmRs, TpMlp, Workload
 
 L2_BYTES = 60 << 20  # H100/H200 L2 is 50-60 MiB: three times that rotates out of it
 TOLERANCE = 1e-2
@@ -65,7 +66,7 @@ def ag_gemm_case(ctx, w: AgGemm, wait_s: float, config_overrides: dict | None = 
 
     def build(variant: str):
         cfg = None
-        if variant.startswith("fused"):
+        if get(w.name, variant).fused:
             cfg = ag.tuned_config(M, w.N, K, p, variant)
             if config_overrides:
                 cfg = replace(cfg, **config_overrides)
@@ -123,7 +124,7 @@ def gemm_rs_case(ctx, w: GemmRs, wait_s: float, config_overrides: dict | None = 
 
     def build(variant: str):
         # the tuned table's configuration for this shape (kernels/gemm_rs_tuned.json), overrides on top
-        cfg = replace(rs.tuned_config(M, N, K, p), **(config_overrides or {})) if variant.startswith("fused") else None
+        cfg = replace(rs.tuned_config(M, N, K, p), **(config_overrides or {})) if get(w.name, variant).fused else None
         return rs.make_variant(ctx, variant, M, N, K, dtype, cfg, wait_s=wait_s)
 
     return Case(sets, ref, build, {"input_sets": n_sets})
@@ -158,7 +159,7 @@ def tp_mlp_case(ctx, w: TpMlp, wait_s: float, config_overrides: dict | None = No
     del every
 
     def build(variant: str):
-        if variant not in TP_MLP_FUSED:
+        if not get(w.name, variant).fused:
             return mlp.make_variant(ctx, variant, M, H, F, dtype, wait_s=wait_s)
         ag_cfg = replace(ag.tuned_config(M, 2 * F, H, p, "fused-push"), **parts["ag"])
         rs_cfg = replace(rs.tuned_config(M, H, F, p), **parts["rs"])  # as gemm_rs_case: the tuned table's, overridden

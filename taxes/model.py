@@ -16,18 +16,8 @@ from dataclasses import dataclass, field
 from taxes.errors import TaxesError
 from taxes.floor import Floor, floor_of
 from taxes.hardware import HardwareProfile
-from taxes.workloads import (
-    BSP_VARIANTS,
-    TP_MLP_PART_VARIANT,
-    AgGemm,
-    FlashDecode,
-    GemmRs,
-    TpMlp,
-    Workload,
-    is_bsp_variant,
-    model_variants,
-    replace_dim,
-)
+from taxes.variants import model_names, modelled
+from taxes.workloads import AgGemm, FlashDecode, GemmRs, TpMlp, Workload, replace_dim
 
 # The additive components of E2E, in report order. ideal + taxes + inefficiency + unattributed = E2E.
 COMPONENTS = ("ideal", "sync_wait", "exposed_transfer", "locality", "launch", "inefficiency", "unattributed")
@@ -176,13 +166,14 @@ def _fused_step(name: str, fl: Floor, finish: float, wait: float, wait_no_skew: 
 
 def _ag_gemm_steps(w: AgGemm, variant: str, hw: HardwareProfile, fl: Floor, opt: ModelOptions) -> list[Step]:
     half = _hbm_us(w.intermediate_bytes(variant) / 2, hw)  # written once, read once
-    if variant in BSP_VARIANTS:
+    v = modelled(w.name, variant)
+    if v.bulk_synchronous:
         return [
             _collective_step("all_gather", w, hw, fl, w.link_bytes(), locality_us=half),
             _compute_step("matmul", fl, _work_us(w, hw, hw.matmul_efficiency), locality_us=half),
         ]
     p = w.world
-    push = variant.startswith("fused-push")
+    push = v.producer == "push"
     sm_share = hw.sm_count / (hw.sm_count - opt.push_producer_sms) if push else 1.0
     compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share
     n = (p - 1) * opt.chunks_per_peer
@@ -202,13 +193,14 @@ def _ag_gemm_steps(w: AgGemm, variant: str, hw: HardwareProfile, fl: Floor, opt:
 
 def _gemm_rs_steps(w: GemmRs, variant: str, hw: HardwareProfile, fl: Floor, opt: ModelOptions) -> list[Step]:
     half = _hbm_us(w.intermediate_bytes(variant) / 2, hw)
-    if variant in BSP_VARIANTS:
+    v = modelled(w.name, variant)
+    if v.bulk_synchronous:
         return [
             _compute_step("matmul", fl, _work_us(w, hw, hw.matmul_efficiency), locality_us=half),
             _collective_step("reduce_scatter", w, hw, fl, w.link_bytes(), locality_us=half),
         ]
     p = w.world
-    push = variant.startswith("fused-push")
+    push = v.producer == "push"
     sm_share = hw.sm_count / (hw.sm_count - opt.push_producer_sms) if push else 1.0
     compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share
     n = (p - 1) * opt.chunks_per_peer  # chunks of the peers' row blocks, computed first
@@ -243,7 +235,8 @@ def _flash_decode_steps(w: FlashDecode, variant: str, hw: HardwareProfile, fl: F
     p, part = w.world, w.partial_bytes()
     splits = w.kv_splits(hw.sm_count)
     split_io = splits * part  # the splits' partials, written then read by the group's last program
-    bsp = variant in BSP_VARIANTS
+    v = modelled(w.name, variant)
+    bsp = v.bulk_synchronous
     # bsp: the group's last program also writes the rank's packed partial for the all-gather
     decode = _compute_step("local_decode", fl, _work_us(w, hw, hw.matmul_efficiency),
                            _hbm_us(2 * split_io + (part if bsp else 0.0), hw), launcher="triton")
@@ -253,7 +246,7 @@ def _flash_decode_steps(w: FlashDecode, variant: str, hw: HardwareProfile, fl: F
             _collective_step("all_gather_partials", w, hw, fl, w.link_bytes(), _hbm_us(part + p * part, hw)),
             _small_kernel_step("global_combine", hw, _hbm_us(p * part, hw), floor_us=hw.combine_kernel_us(p)),
         ]
-    push = variant.startswith("fused-push")
+    push = v.producer == "push"
     rate = hw.inbound_bytes_per_us(p) * hw.p2p_efficiency
     transfer = (w.link_bytes() / rate + hw.link_latency_us + (hw.flag_round_trip_us / 2 if push else hw.flag_round_trip_us)) if p > 1 else 0.0
     locality = _hbm_us(2 * (p - 1) * part, hw)
@@ -279,7 +272,7 @@ def _tp_mlp_steps(w: TpMlp, variant: str, hw: HardwareProfile, fl: Floor, opt: M
     the layer's floor is lower (each part's link time counts as unhideable on its own; Y1 and Z count
     as the parts' essential bytes), so the ideal shares are scaled down to the layer's floor and the
     rest charged to the same step: exposed transfer for a collective, inefficiency for a kernel."""
-    part = TP_MLP_PART_VARIANT[variant]
+    part = modelled(w.name, variant).part
     ag_w, rs_w = w.parts()
     ag_steps = _ag_gemm_steps(ag_w, part, hw, floor_of(ag_w, hw), opt)
     rs_steps = _gemm_rs_steps(rs_w, part, hw, floor_of(rs_w, hw), opt)
@@ -287,7 +280,7 @@ def _tp_mlp_steps(w: TpMlp, variant: str, hw: HardwareProfile, fl: Floor, opt: M
     gemm1, gemm2 = ag_steps[-1], rs_steps[0]
     gemm1.parts["locality"] += _hbm_us(y1, hw)
     gemm2.parts["locality"] += _hbm_us(z, hw)
-    if part in BSP_VARIANTS:
+    if modelled(w.name, variant).bulk_synchronous:
         gemm1.name, gemm2.name = "matmul1", "matmul2"
         activation = [_small_kernel_step("silu", hw, _hbm_us(y1 / 2 + z, hw), "torch"),
                       _small_kernel_step("mul", hw, _hbm_us(z + y1 / 2 + z, hw), "torch")]
@@ -315,14 +308,10 @@ def _rescale_ideal(steps: list[Step], ideal_us: float) -> None:
 
 _STEPS = {"ag-gemm": _ag_gemm_steps, "gemm-rs": _gemm_rs_steps, "flash-decode": _flash_decode_steps,
           "tp-mlp": _tp_mlp_steps}
-# Variants whose launches are one CUDA graph: one launch call, then launch_graph_us between kernels.
-GRAPH_VARIANTS = ("bsp-graph", "fused-push-graph", "all-graph", "all-fused")
-
-
 # ---- the launch queue ----------------------------------------------------------------------------
 
 
-def schedule(steps: list[Step], variant: str, hw: HardwareProfile) -> tuple[list[Phase], float]:
+def schedule(steps: list[Step], graphed: bool, hw: HardwareProfile) -> tuple[list[Phase], float]:
     """Place steps on the device timeline; return the phases and the total idle (launch tax).
 
     Eager: the host issues launch i when launch i-1's call returns, each call costing its launcher's
@@ -332,7 +321,7 @@ def schedule(steps: list[Step], variant: str, hw: HardwareProfile) -> tuple[list
     between its kernels."""
     phases, t, idle, host = [], 0.0, 0.0, 0.0
     for i, step in enumerate(steps):
-        if variant in GRAPH_VARIANTS:
+        if graphed:
             ready = hw.launch_us("graph") if i == 0 else t + hw.launch_graph_us
         else:
             host += hw.launch_us(step.launcher)
@@ -345,15 +334,13 @@ def schedule(steps: list[Step], variant: str, hw: HardwareProfile) -> tuple[list
 
 
 def predict(w: Workload, variant: str, hw: HardwareProfile, options: ModelOptions | None = None) -> Prediction:
-    known = model_variants(w.name)
-    if variant not in known:
-        raise TaxesError(f"unknown variant {variant!r}: the model knows {', '.join(known)}")
+    kind = modelled(w.name, variant)
     if w.dtype not in hw.matrix_tflops:
         raise TaxesError(f"hardware {hw.name} has no matrix peak for dtype {w.dtype}")
     opt = options or ModelOptions()
     fl = floor_of(w, hw)
     steps = _STEPS[w.name](w, variant, hw, fl, opt)
-    phases, idle = schedule(steps, variant, hw)
+    phases, idle = schedule(steps, kind.graphed, hw)
     comp = {c: 0.0 for c in COMPONENTS}
     for s in steps:
         for c, v in s.parts.items():
@@ -365,14 +352,14 @@ def predict(w: Workload, variant: str, hw: HardwareProfile, options: ModelOption
         comp[c] = max(0.0, v)
     e2e = math.fsum(comp[c] for c in COMPONENTS)
     exposed = math.fsum(s.duration_us for s in steps if s.role == "communication") + (
-        0.0 if is_bsp_variant(variant) else comp["sync_wait"] + comp["exposed_transfer"] + min(fl.unhideable_link_us, comp["ideal"])
+        0.0 if kind.bulk_synchronous else comp["sync_wait"] + comp["exposed_transfer"] + min(fl.unhideable_link_us, comp["ideal"])
     )
     return Prediction(w, variant, hw.name, e2e, comp, fl, exposed, phases)
 
 
 def predict_all(w: Workload, hw: HardwareProfile, variants=None, options: ModelOptions | None = None) -> list[Prediction]:
     """Every variant's prediction (variants: default, every variant the model knows for the workload)."""
-    return [predict(w, v, hw, options) for v in (model_variants(w.name) if variants is None else variants)]
+    return [predict(w, v, hw, options) for v in (model_names(w.name) if variants is None else variants)]
 
 
 def parse_sweep(text: str, workload: Workload) -> tuple[str, list[int]]:

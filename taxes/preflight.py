@@ -12,15 +12,13 @@ import math
 from dataclasses import dataclass, field
 
 from taxes.errors import TaxesError
-from taxes.workloads import (MODEL_VARIANTS, PARTIAL_BYTES, TP_MLP_PART_VARIANT, TP_MLP_VARIANTS, AgGemm,
-                             FlashDecode, GemmRs, TpMlp, Workload)
+from taxes.variants import get, variants_of
+from taxes.workloads import PARTIAL_BYTES, AgGemm, FlashDecode, GemmRs, TpMlp, Workload
 
 GIB = float(1 << 30)
 # Memory a rank uses besides its buffers: CUDA context, NCCL's buffers, cuBLAS workspace, Triton's
 # modules. Assumed, with margin: the CUDA context alone is ~0.5 GiB on an H100/H200.
 RESERVE_BYTES = 2 << 30
-# PyTorch's fused ops allocate like bsp: torch-async-tp gathers A, torch-fused-rs holds the M x N partial
-VARIANTS = MODEL_VARIANTS + ("torch-async-tp", "torch-fused-rs") + TP_MLP_VARIANTS
 CONTROL_BYTES = 4096  # per rank: error words, counters and other small private tensors of a variant
 SM_COUNT = 132  # for flash-decode's split count when the device is not at hand (H100/H200)
 
@@ -115,11 +113,13 @@ def memory_breakdown(workload: Workload, variant: str, input_sets: int = 1, chec
     """Bytes one rank allocates for `variant`, by kind (as kernels/ and benchmarks/ allocate them):
     inputs and outputs (once per rotated input set), gathered/staging buffers, the symmetric heap
     (buffers peers reach, sized to fit), and the float32 reference of the correctness check."""
-    if variant not in VARIANTS:
-        raise TaxesError(f"no memory estimate for variant {variant!r}: choose from {', '.join(VARIANTS)}")
+    known = [v.name for v in variants_of(workload.name)]
+    if variant not in known:
+        raise TaxesError(f"no memory estimate for variant {variant!r}: choose from {', '.join(known)}")
     if isinstance(input_sets, bool) or not isinstance(input_sets, int) or input_sets < 1:
         raise TaxesError(f"input sets must be a positive whole number, not {input_sets!r}")
-    fused = variant.startswith("fused")
+    # PyTorch's fused ops allocate like bsp: torch-async-tp gathers A, torch-fused-rs holds the M x N partial
+    fused = get(workload.name, variant).fused
     p, e = workload.world, workload.elt
     if isinstance(workload, AgGemm):
         M, N, K = workload.M, workload.N, workload.K
@@ -164,7 +164,7 @@ def memory_breakdown(workload: Workload, variant: str, input_sets: int = 1, chec
     elif isinstance(workload, TpMlp):
         M, H, F = workload.M, workload.H, workload.F
         rows, f_local = M // p, F // p
-        fused = TP_MLP_PART_VARIANT.get(variant, "").startswith("fused")
+        fused = get(workload.name, variant).fused
         out = {
             # X (M x H) is symmetric: a rank's own rows are its input, the rest the all-gather's workspace;
             # fused: the gemm-rs inbox (double-buffered, p-1 slots of M/p x H) and flags

@@ -141,10 +141,11 @@ def bytes_for_case(w, chosen: list[str], sets: int) -> float:
     every other variant's own buffers (gathered and staging buffers, the estimate's "gathered")."""
     from taxes import preflight
 
-    from taxes.variants import lookup
+    def estimated(name):  # bsp-sdpa holds what bsp does; a fused graph what its eager kernels do
+        v = get(w.name, name)
+        return v.eager_twin if v.fused and v.graphed else v.model or name
 
-    kinds = [(lookup(v).model if lookup(v) and lookup(v).model else v) for v in chosen]  # bsp-sdpa holds what bsp does
-    kinds = [k.removesuffix("-graph") if k.startswith("fused") else k for k in kinds]
+    kinds = [estimated(v) for v in chosen]
     parts = [preflight.memory_breakdown(w, k, sets) for k in kinds]
     largest = max(range(len(parts)), key=lambda i: sum(parts[i].values()))
     return sum(parts[largest].values()) + sum(p.get("gathered", 0.0) for i, p in enumerate(parts) if i != largest)

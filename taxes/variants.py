@@ -4,10 +4,12 @@
                 graph (the same in a CUDA graph: launch tax removed), fused (kernels that move data
                 themselves: the bulk-synchronous and locality taxes removed too), peer (someone else's
                 implementation, timed for comparison)
-    fused       runs fused kernels (timed with their traced build; waits read off their own clocks)
     graphed     replayed from a CUDA graph
-    eager_twin  for a graphed variant, the same kernels launched eagerly; graph_twin the converse
-    model       the model variant that predicts it (None: the model has none)
+    eager_twin  for a graphed variant, the same kernels launched eagerly (graph_twin() is the converse)
+    model       the model variant that predicts it (None: the model has none); the model's own variants
+                are rows too, `measured` False where no kernels exist for them
+    producer    fused variants: who moves the data, "push" (the owner writes to its peers) or "pull"
+    part        tp-mlp: the variant its two GEMM parts (ag-gemm, gemm-rs) run in
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ class Variant:
     graphed: bool = False
     eager_twin: str | None = None
     model: str | None = None
+    measured: bool = True
+    producer: str | None = None
+    part: str | None = None
 
     @property
     def fused(self) -> bool:
@@ -34,30 +39,33 @@ class Variant:
     def peer(self) -> bool:
         return self.rung == "peer"
 
+    @property
+    def bulk_synchronous(self) -> bool:
+        """Separate kernels and collectives (eager or graphed), as opposed to fused kernels."""
+        return self.rung in ("bsp", "graph")
+
 
 def _table() -> dict[str, tuple[Variant, ...]]:
-    def v(w, name, rung, graphed=False, eager=None, model=None):
-        return Variant(w, name, rung, graphed, eager, model)
+    def v(w, name, rung, graphed=False, eager=None, model="self", measured=True, producer=None, part=None):
+        return Variant(w, name, rung, graphed, eager, name if model == "self" else model, measured, producer, part)
 
     out = {}
     for w in ("ag-gemm", "gemm-rs", "flash-decode"):
-        rows = [v(w, "bsp", "bsp", model="bsp"), v(w, "bsp-graph", "graph", True, "bsp", "bsp-graph")]
+        rows = [v(w, "bsp", "bsp"), v(w, "bsp-graph", "graph", True, "bsp"),
+                v(w, "fused-pull", "fused", producer="pull", measured=w == "ag-gemm"),
+                v(w, "fused-push", "fused", producer="push"),
+                v(w, "fused-push-graph", "fused", True, "fused-push", producer="push")]
         if w == "ag-gemm":
-            rows.append(v(w, "fused-pull", "fused", model="fused-pull"))
-        rows += [v(w, "fused-push", "fused", model="fused-push"),
-                 v(w, "fused-push-graph", "fused", True, "fused-push", "fused-push-graph")]
-        if w == "ag-gemm":
-            rows.append(v(w, "torch-async-tp", "peer"))
+            rows.append(v(w, "torch-async-tp", "peer", model=None))
         if w == "gemm-rs":
-            rows.append(v(w, "torch-fused-rs", "peer"))
+            rows.append(v(w, "torch-fused-rs", "peer", model=None))
         if w == "flash-decode":  # the bsp a user would write: PyTorch's best local attention + NCCL + combine
-            rows += [v(w, "bsp-sdpa", "bsp", model="bsp"),
-                     v(w, "bsp-sdpa-graph", "graph", True, "bsp-sdpa", "bsp-graph")]
+            rows += [v(w, "bsp-sdpa", "bsp", model="bsp"), v(w, "bsp-sdpa-graph", "graph", True, "bsp-sdpa", "bsp-graph")]
         out[w] = tuple(rows)
     w = "tp-mlp"
-    out[w] = (v(w, "all-bsp", "bsp", model="all-bsp"), v(w, "all-graph", "graph", True, "all-bsp", "all-graph"),
-              v(w, "all-fused-eager", "fused", model="all-fused-eager"),
-              v(w, "all-fused", "fused", True, "all-fused-eager", "all-fused"))
+    out[w] = (v(w, "all-bsp", "bsp", part="bsp"), v(w, "all-graph", "graph", True, "all-bsp", part="bsp-graph"),
+              v(w, "all-fused-eager", "fused", producer="push", part="fused-push"),
+              v(w, "all-fused", "fused", True, "all-fused-eager", producer="push", part="fused-push"))
     return out
 
 
@@ -71,7 +79,13 @@ def variants_of(workload: str) -> tuple[Variant, ...]:
 
 
 def names(workload: str) -> tuple[str, ...]:
-    return tuple(x.name for x in variants_of(workload))
+    """The variants that have kernels (what `taxes profile` runs)."""
+    return tuple(x.name for x in variants_of(workload) if x.measured)
+
+
+def model_names(workload: str) -> tuple[str, ...]:
+    """The variants the model predicts, in report order."""
+    return tuple(x.name for x in variants_of(workload) if x.model == x.name)
 
 
 def get(workload: str, name: str) -> Variant:
@@ -79,6 +93,13 @@ def get(workload: str, name: str) -> Variant:
         if x.name == name:
             return x
     raise TaxesError(f"unknown {workload} variant {name!r} (choose from {', '.join(names(workload))})")
+
+
+def modelled(workload: str, name: str) -> Variant:
+    """A variant the model predicts; one line naming the choices otherwise."""
+    if name not in model_names(workload):
+        raise TaxesError(f"unknown variant {name!r}: the model knows {', '.join(model_names(workload))}")
+    return get(workload, name)
 
 
 def lookup(name: str) -> Variant | None:
@@ -99,4 +120,4 @@ def graph_twin(workload: str, name: str) -> str | None:
 
 
 def rung_of(workload: str, rung: str) -> list[str]:
-    return [x.name for x in variants_of(workload) if x.rung == rung]
+    return [x.name for x in variants_of(workload) if x.rung == rung and x.measured]

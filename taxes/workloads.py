@@ -17,49 +17,20 @@ import re
 from dataclasses import dataclass, fields
 
 from taxes.errors import TaxesError
+from taxes.variants import get, model_names, modelled
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2}
 # Partial outputs and log-sum-exps of flash decode are kept in float32 for a safe combine.
 PARTIAL_BYTES = 4
 
-BSP_VARIANTS = ("bsp", "bsp-graph")
-FUSED_VARIANTS = ("fused-pull", "fused-push", "fused-push-graph")
-MODEL_VARIANTS = BSP_VARIANTS + FUSED_VARIANTS
-# tp-mlp is a layer of two GEMM workloads; its variants name how the whole layer runs, and each maps to
-# the variant both of its GEMM parts (ag-gemm, gemm-rs) run in.
-TP_MLP_VARIANTS = ("all-bsp", "all-graph", "all-fused-eager", "all-fused")
-TP_MLP_PART_VARIANT = {"all-bsp": "bsp", "all-graph": "bsp-graph", "all-fused-eager": "fused-push", "all-fused": "fused-push"}
-
-
-# tp-mlp's variants that run fused kernels, and those replayed from a CUDA graph (names that do not follow
-# the fused-*/*-graph pattern of the other workloads)
-TP_MLP_FUSED = ("all-fused-eager", "all-fused")
-TP_MLP_GRAPHED = ("all-graph", "all-fused")
-
-
-def is_fused(variant: str) -> bool:
-    """Runs fused kernels: timed with their traced build, attributed from per-CTA waits."""
-    return variant.startswith("fused") or variant in TP_MLP_FUSED
-
-
-def is_graphed(variant: str) -> bool:
-    """Replayed from a CUDA graph (on GPUs)."""
-    return variant.endswith("-graph") or variant in TP_MLP_GRAPHED
-
-
-def _check_variant(variant: str, known: tuple[str, ...] = MODEL_VARIANTS) -> None:
-    if variant not in known:
-        raise TaxesError(f"unknown variant {variant!r}: choose from {', '.join(known)}")
+def _bulk(workload: str, variant: str) -> bool:
+    """The model variant runs separate kernels and collectives (bsp or its graph), not fused kernels."""
+    return modelled(workload, variant).bulk_synchronous
 
 
 def model_variants(workload_name: str) -> tuple[str, ...]:
-    """The variants the model predicts for a workload (by name; an unknown name gets the usual four)."""
-    return TP_MLP_VARIANTS if workload_name == "tp-mlp" else MODEL_VARIANTS
-
-
-def is_bsp_variant(variant: str) -> bool:
-    """Separate kernels and collectives (eager or graphed), as opposed to fused kernels."""
-    return TP_MLP_PART_VARIANT.get(variant, variant) in BSP_VARIANTS
+    """The variants the model predicts for a workload (taxes.variants)."""
+    return model_names(workload_name)
 
 
 @dataclass(frozen=True)
@@ -93,8 +64,7 @@ class AgGemm:
         return float((self.world - 1) * (self.M // self.world) * self.K * self.elt)
 
     def intermediate_bytes(self, variant: str) -> float:
-        _check_variant(variant)
-        if variant in BSP_VARIANTS:
+        if _bulk(self.name, variant):
             # The gathered A (M x K) is written by the all-gather and read back by the GEMM.
             return 2.0 * self.M * self.K * self.elt
         # Fused: peer rows land in a local buffer (pushed by the peer, or staged by the consumer)
@@ -102,15 +72,14 @@ class AgGemm:
         return 2.0 * self.link_bytes()
 
     def kernel_count(self, variant: str) -> int:
-        _check_variant(variant)
-        return 2 if variant in BSP_VARIANTS else 1
+        return 2 if _bulk(self.name, variant) else 1
 
     def phase_work(self, variant: str) -> dict[str, tuple[float, float]]:
         """Per compute phase of the variant as the kernels run it: (FLOPs, HBM bytes it reads and writes,
         intermediates included)."""
         e = self.elt
         nl = self.N // self.world
-        if variant in BSP_VARIANTS:  # the GEMM reads the gathered A back
+        if _bulk(self.name, variant):  # the GEMM reads the gathered A back
             return {"matmul": (self.flops(), float((self.M * self.K + self.K * nl + self.M * nl) * e))}
         return {"fused-gemm": (self.flops(), self.hbm_bytes() + self.intermediate_bytes(variant))}
 
@@ -146,8 +115,7 @@ class GemmRs:
         return float((self.world - 1) * (self.M // self.world) * self.N * self.elt)
 
     def intermediate_bytes(self, variant: str) -> float:
-        _check_variant(variant)
-        if variant in BSP_VARIANTS:
+        if _bulk(self.name, variant):
             # The whole M x N partial is written by the GEMM and read by the reduce-scatter.
             return 2.0 * self.M * self.N * self.elt
         # Fused: only the peers' partials for the rows this rank owns pass through HBM (written by
@@ -155,13 +123,12 @@ class GemmRs:
         return 2.0 * self.link_bytes()
 
     def kernel_count(self, variant: str) -> int:
-        _check_variant(variant)
-        return 2 if variant in BSP_VARIANTS else 1
+        return 2 if _bulk(self.name, variant) else 1
 
     def phase_work(self, variant: str) -> dict[str, tuple[float, float]]:
         """Per compute phase: (FLOPs, HBM bytes read and written, intermediates included)."""
         e, kl = self.elt, self.K // self.world
-        if variant in BSP_VARIANTS:  # the GEMM writes the whole M x N partial
+        if _bulk(self.name, variant):  # the GEMM writes the whole M x N partial
             return {"matmul": (self.flops(), float((self.M * kl + kl * self.N + self.M * self.N) * e))}
         return {"fused-gemm-rs": (self.flops(), self.hbm_bytes() + self.intermediate_bytes(variant))}
 
@@ -211,10 +178,9 @@ class FlashDecode:
         return max(1, min(want, math.ceil(self.S / block_n)))
 
     def intermediate_bytes(self, variant: str, splits: int = 1) -> float:
-        _check_variant(variant)
         p, part = self.world, self.partial_bytes()
         split_round_trip = 2 * splits * part  # the split-KV kernel's partials, written then read by the combine
-        if variant in BSP_VARIANTS:
+        if _bulk(self.name, variant):
             # local combine writes the rank's partial, the all-gather reads it and writes p of them,
             # the global combine reads those back.
             return split_round_trip + 2 * part + 2 * p * part
@@ -227,15 +193,14 @@ class FlashDecode:
         p, part = self.world, self.partial_bytes()
         q_out = self.B * self.Hq * self.D * self.elt
         local = (self.flops(), self.kv_bytes() + q_out + 2 * splits * part + part)
-        if variant in BSP_VARIANTS:  # local-sdpa is the same work done by PyTorch's attention
+        if _bulk(self.name, variant):  # local-sdpa is the same work done by PyTorch's attention
             return {"local-decode": local, "local-sdpa": local, "global-combine": (0.0, p * part + q_out)}
         return {"local-decode": (local[0], local[1] + (p - 1) * part), "fused-combine": (0.0, p * part + q_out)}
 
     def kernel_count(self, variant: str) -> int:
-        _check_variant(variant)
         # bsp: the local decode, all-gather, global combine. fused: the local decode (which pushes the
         # rank's partial to its peers) and the combine that merges them as they arrive.
-        return 3 if variant in BSP_VARIANTS else 2
+        return 3 if _bulk(self.name, variant) else 2
 
 
 @dataclass(frozen=True)
@@ -295,30 +260,27 @@ class TpMlp:
         inbox traffic), plus Y1 and Z, each written once and read once in every variant (the activation
         is a kernel of its own), plus, in the torch activation of the bsp variants, silu's M x F/p
         temporary (silu and mul are two kernels)."""
-        _check_variant(variant, TP_MLP_VARIANTS)
-        part = TP_MLP_PART_VARIANT[variant]
+        part = modelled(self.name, variant).part
         ag, rs = self.parts()
         layer = 2 * self.y1_bytes() + 2 * self.z_bytes()
-        if part in BSP_VARIANTS:
+        if _bulk(self.name, variant):
             layer += 2 * self.z_bytes()  # silu(gate): written by silu, read by mul
         return ag.intermediate_bytes(part) + rs.intermediate_bytes(part) + layer
 
     def phase_work(self, variant: str) -> dict[str, tuple[float, float]]:
         """Per compute phase: (FLOPs, HBM bytes read and written, intermediates included)."""
-        _check_variant(variant, TP_MLP_VARIANTS)
-        part = TP_MLP_PART_VARIANT[variant]
+        part = modelled(self.name, variant).part
         ag, rs = self.parts()
         y1, z = self.y1_bytes(), self.z_bytes()
         (ag_name, (ag_f, ag_b)), = ag.phase_work(part).items()
         (rs_name, (rs_f, rs_b)), = rs.phase_work(part).items()
-        if part in BSP_VARIANTS:  # torch's silu then mul: a temporary of Z's size written and read
+        if _bulk(self.name, variant):  # torch's silu then mul: a temporary of Z's size written and read
             return {"matmul1": (ag_f, ag_b), "swiglu": (0.0, y1 + 3 * z), "matmul2": (rs_f, rs_b)}
         return {"fused-ag-gemm": (ag_f, ag_b), "swiglu": (0.0, y1 + z), "fused-gemm-rs": (rs_f, rs_b)}
 
     def kernel_count(self, variant: str) -> int:
         """bsp: all-gather, matmul, silu, mul, matmul, reduce-scatter; fused: ag-gemm, SwiGLU, gemm-rs."""
-        _check_variant(variant, TP_MLP_VARIANTS)
-        return 6 if TP_MLP_PART_VARIANT[variant] in BSP_VARIANTS else 3
+        return 6 if _bulk(self.name, variant) else 3
 
 
 WORKLOADS = {cls.name: cls for cls in (AgGemm, GemmRs, FlashDecode, TpMlp)}

@@ -17,7 +17,10 @@ import taxes
 from taxes import results
 from taxes.hardware import BUILTIN, profile_from_dict, profile_to_dict
 from taxes.model import COMPONENT_TITLES, COMPONENTS, predict
-from taxes.workloads import MODEL_VARIANTS, WORKLOADS, make_workload, model_variants
+from taxes.variants import model_names
+from taxes.workloads import WORKLOADS, make_workload, model_variants
+
+MODEL_VARIANTS = model_names("ag-gemm")
 
 
 def _table_row(out: str, label: str) -> list[str]:

@@ -13,7 +13,10 @@ from taxes import model
 from taxes.errors import TaxesError
 from taxes.hardware import BUILTIN
 from taxes.model import COMPONENTS, TAXES, ModelOptions, floor_of, predict, predict_all
-from taxes.workloads import BSP_VARIANTS, MODEL_VARIANTS, WORKLOADS, make_workload, model_variants
+from taxes.variants import get, model_names
+from taxes.workloads import WORKLOADS, make_workload, model_variants
+
+MODEL_VARIANTS = model_names("ag-gemm")
 
 PROFILES = list(BUILTIN)
 REL = 1e-9
@@ -41,7 +44,7 @@ def check_prediction(pred, hw) -> None:
         assert set(ph.parts) <= set(COMPONENTS) - {"launch"}
         assert abs((ph.end_us - ph.start_us) - math.fsum(ph.parts.values())) <= tol
         # the launch queue (model.schedule's docstring)
-        if pred.variant in model.GRAPH_VARIANTS:
+        if get(pred.workload.name, pred.variant).graphed:
             ready = hw.launch_eager_us if i == 0 else prev_end + hw.launch_graph_us
         else:
             ready = (i + 1) * hw.launch_eager_us
@@ -328,4 +331,4 @@ def test_sweep_validates_each_value_and_predicts_each():
         [(1024, "bsp"), (1024, "fused-pull")], [(2048, "bsp"), (2048, "fused-pull")]]
     with pytest.raises(TaxesError, match="divisible"):
         model.sweep(w, "M", [1, 2], hw)
-    assert BSP_VARIANTS == ("bsp", "bsp-graph")
+    assert [v for v in model_names("ag-gemm") if get("ag-gemm", v).bulk_synchronous] == ["bsp", "bsp-graph"]

@@ -26,7 +26,11 @@ from taxes.kernels import gemm_rs as rs
 from taxes.kernels import tp_mlp as mlp
 from taxes.kernels.runtime import interpreting, launch, round_bf16_like_a_gpu
 from taxes.model import COMPONENTS, predict, predict_all
-from taxes.workloads import MODEL_VARIANTS, TP_MLP_VARIANTS, make_workload, parse_shape
+from taxes.variants import model_names
+from taxes.workloads import make_workload, parse_shape
+
+MODEL_VARIANTS = model_names("ag-gemm")
+TP_MLP_VARIANTS = model_names("tp-mlp")
 
 pytestmark = pytest.mark.skipif(not interpreting(), reason="triton was imported before TRITON_INTERPRET was set")
 

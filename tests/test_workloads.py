@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from taxes.errors import TaxesError
+from taxes.variants import model_names
 from taxes.workloads import (
     DEFAULT_SHAPES,
-    MODEL_VARIANTS,
     WORKLOADS,
     AgGemm,
     FlashDecode,
@@ -24,6 +24,8 @@ from taxes.workloads import (
     workload_dict,
     workload_from_dict,
 )
+
+MODEL_VARIANTS = model_names("ag-gemm")
 
 # ---- parsing ---------------------------------------------------------------------------------------
 
