@@ -111,7 +111,7 @@ TUNED_FILE = Path(__file__).with_name("gemm_rs_tuned.json")
 
 def tuned_config(M: int, N: int, K: int, world: int) -> Config:
     """The fused kernel's configuration for a shape: the tuned table's entry for the same N, K and world
-    with the nearest M (benchmarks/gemm_rs.py --tune measures the candidates on the GPUs and writes the
+    with the nearest M (benchmarks/tune.py gemm-rs measures the candidates on the GPUs and writes the
     table; docs/gemm_rs.md says how), else the default Config()."""
     if TUNED_FILE.exists():
         rows = [r for r in json.loads(TUNED_FILE.read_text())["entries"]

@@ -134,6 +134,16 @@ class SymmetricHeap:
         """Forget every allocation (all ranks together, when no kernel uses them)."""
         self._top = 0
 
+    def mark(self) -> int:
+        """Where the next allocation starts: release(mark) forgets every allocation made after it."""
+        return self._top
+
+    def release(self, mark: int) -> None:
+        """Forget the allocations made since `mark` (all ranks together, when no kernel uses them)."""
+        if not 0 <= mark <= self._top:
+            raise ValueError(f"heap mark {mark} is not below the top {self._top}")
+        self._top = mark
+
 
 @dataclass
 class RankContext:
