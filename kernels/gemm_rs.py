@@ -29,7 +29,7 @@ computed, and this rank's own rows last, when the peers' tiles for them have had
 arrive. Rank s sends first to s+1, so every owner receives from one peer at a time. The owner's own
 partial never leaves registers (the workload model counts only the peers' partials as intermediate
 bytes), which is why the inbox has p-1 slots, not p: slot (src - owner - 1) mod p holds src's partial.
-Of the issue's two fused designs (the owner reduces as tiles arrive, or every producer writes a sum
+Of the two fused designs (the owner reduces as tiles arrive, or every producer writes a sum
 into the owner's buffer) this is the first, merged with the owner's own GEMM epilogue; the second needs
 remote atomic float adds (non-deterministic sums, fp32 output buffer) and was not built.
 

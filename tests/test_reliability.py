@@ -1,4 +1,4 @@
-"""Faults and bad input (issue 7): nothing hangs, nothing is lost, every error is one line saying what to do.
+"""Faults and bad input: nothing hangs, nothing is lost, every error is one line saying what to do.
 
 Kernel waits and rank failures run on emulated ranks (forked processes, Triton's interpreter); a few
 faults run a launcher in a subprocess and signal it. Files: a committed corpus of broken documents
