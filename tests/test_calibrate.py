@@ -48,7 +48,7 @@ def _noisy(rng, x, n, rel=0.01):
 
 
 def synthetic_ranks(rng: random.Random, world: int = 2, truth: dict = TRUTH, reps: int = 7) -> list[dict]:
-    """Per-rank readings shaped like taxes.calibrate.measure()'s, generated from `truth` plus noise."""
+    """Per-rank readings shaped like taxes.calibrate.run.measure()'s, generated from `truth` plus noise."""
     t = truth
     flops = 2 * 8192 ** 3
     ranks = []
