@@ -7,16 +7,14 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-import _checkout  # noqa: F401
+import torch
 
-import torch  # noqa: E402
-from taxes.kernels import gemm_rs as rs  # noqa: E402
-from taxes.kernels.runtime import launch, replay_graph  # noqa: E402
+from taxes.harness import time_iterations, warm_clocks
+from taxes.kernels import gemm_rs as rs
+from taxes.kernels.runtime import launch, replay_graph
 
 
 def job(ctx, M, N, K, cfg):
-    from taxes.harness import time_iterations, warm_clocks
-
     p = ctx.world
     dt = torch.bfloat16
     a = torch.randn(M, K // p, device=ctx.device).to(dt)

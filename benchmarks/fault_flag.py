@@ -17,7 +17,7 @@ Faults tried (world 2, backend cuda):
 - preflight: more GPUs than the machine has, and a shape too large for GPU memory, are refused with
   one line (memory needed and available); this machine's GPUs pass the check.
 Prints one line per fault ("ok" or "FAIL", the fault, the error seen) and exits 0 when every fault
-produced the expected error. Installs nothing; needs torch, triton and this checkout.
+produced the expected error. Runs over the installed package (`pip install -e .`).
 """
 
 from __future__ import annotations
@@ -28,15 +28,21 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
-import _checkout  # noqa: F401  (this checkout as `taxes`, installed or not)
+import torch
 
-import torch  # noqa: E402
-from taxes.errors import TaxesError  # noqa: E402
-from taxes.kernels.runtime import RankError, launch, torchrun_rank  # noqa: E402
-from taxes.kernels.sync import FlagTimeout, wait_for_flag  # noqa: E402
+from taxes import preflight
+from taxes.errors import TaxesError
+from taxes.kernels import ag_gemm as ag
+from taxes.kernels import flash_decode as fd
+from taxes.kernels import gemm_rs as rs
+from taxes.kernels.runtime import RankError, launch, torchrun_rank
+from taxes.kernels.sync import FlagTimeout, wait_for_flag
+from taxes.workloads import make_workload
 
 WAIT_S = 0.5  # the budget of every planted wait
 SILENT_LIMIT_S = 90  # the launcher's deadline for a silent-peer fault (compiling included): a hang fails it
@@ -92,8 +98,6 @@ def _rank0_runs_alone(ctx, run, call, doing: str) -> str:
 
 def silent_ag_gemm_job(ctx, variant, wait_s):
     """Rank 1 builds the fused kernel but never runs it; rank 0's run must give up on its flags."""
-    from taxes.kernels import ag_gemm as ag
-
     small = ctx.backend != "cuda"  # the interpreter: tiny tiles
     M, N, K = (64, 64, 32) if small else (1024, 1024, 1024)
     cfg = (ag.Config(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2, copiers=1, chunk_rows=8,
@@ -108,8 +112,6 @@ def silent_ag_gemm_job(ctx, variant, wait_s):
 
 
 def silent_flash_decode_job(ctx, wait_s):
-    from taxes.kernels import flash_decode as fd
-
     B, Hq, Hkv, D, S = (1, 16, 2, 64, 128) if ctx.backend != "cuda" else (1, 32, 8, 128, 4096)
     q = torch.randn(B, Hq, D, device=ctx.device, dtype=torch.bfloat16)
     k, v = (torch.randn(B, Hkv, S, D, device=ctx.device, dtype=torch.bfloat16) for _ in range(2))
@@ -121,10 +123,6 @@ def silent_flash_decode_job(ctx, wait_s):
 def silent_gemm_rs_job(ctx, wait_s, producer="ctas"):
     """Rank 1 builds the fused GEMM + reduce-scatter but never runs it: rank 0 pushes its peer tiles (or
     its copy engine copies them), then its own tiles wait for rank 1's partials, which never come."""
-    from dataclasses import replace
-
-    from taxes.kernels import gemm_rs as rs
-
     small = ctx.backend != "cuda"
     M, N, K = (64, 32, 64) if small else (2048, 2048, 4096)
     cfg = (rs.Config(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2, grid=4) if small
@@ -238,8 +236,6 @@ def _alive(pid: int) -> bool:
 
 
 def fault_killed_rank(backend, world):
-    import tempfile
-
     with tempfile.TemporaryDirectory() as d:
         t0 = time.monotonic()
         try:
@@ -257,9 +253,6 @@ def fault_killed_rank(backend, world):
 
 
 def fault_preflight(backend, world):
-    from taxes import preflight
-    from taxes.workloads import make_workload
-
     seen = []
     ok = True
     if backend != "cuda":

@@ -1,13 +1,12 @@
-"""The benchmark tables of docs/ag_gemm.md, docs/gemm_rs.md, docs/tp_mlp.md and docs/flash_decode.md, from
-committed result documents.
+"""The result tables of docs/, from result documents: per shape every variant's E2E (the interquartile
+mean over iterations of the slowest rank's time, us), the best fused variant and its speed-up over the
+bulk-synchronous one and over PyTorch's own fused op where there is one; for flash decode the KV-read
+floor beside it.
 
-    python benchmarks/tables.py ag-gemm reports/profile/ag_gemm_N8192.json reports/profile/ag_gemm_N28672.json
-    python benchmarks/tables.py gemm-rs reports/gemm_rs/gemm_rs.json
-    python benchmarks/tables.py tp-mlp reports/tp_mlp/tp_mlp.json
-    python benchmarks/tables.py flash-decode reports/profile/flash_decode.json --hbm-gbps 4200
+    python benchmarks/tables.py reports/ag_gemm/h200-x2-N8192.json.gz reports/ag_gemm/h200-x2-N28672.json.gz
+    python benchmarks/tables.py reports/flash_decode/h200-x2.json.gz --hbm-gbps 4245
 
-Prints Markdown: per shape the median E2E of every variant (max over ranks per iteration), the best fused
-variant's speed-up over bsp and over PyTorch's fused op (ag-gemm, gemm-rs), or the KV-read floor (flash-decode).
+Prints Markdown. A variant that failed its check, or was not run, reads "-".
 """
 
 from __future__ import annotations
@@ -15,72 +14,58 @@ from __future__ import annotations
 import argparse
 import sys
 
-import _checkout  # noqa: F401
+from taxes.results import load
+from taxes.variants import get, rung_of
 
-from taxes.results import load  # noqa: E402
-
-
-def _medians(case: dict) -> dict[str, float]:
-    return {v["variant"]: v["e2e_us"]["median"] for v in case["variants"] if v["e2e_us"]["median"] is not None
-            and v["correctness"].get("passed")}
+DIMS = {"ag-gemm": ("M", "N"), "gemm-rs": ("M", "N", "K"), "tp-mlp": ("M", "H", "F"), "flash-decode": ("B", "S")}
 
 
-# per workload: the baseline, the prefix of the fused variants, PyTorch's own fused op, the shape's columns
-TABLES = {"ag-gemm": ("bsp", "fused", "torch-async-tp", ("M", "N")),
-          "gemm-rs": ("bsp", "fused", "torch-fused-rs", ("M", "N", "K")),
-          "tp-mlp": ("all-bsp", "all-fused", None, ("M", "H", "F"))}
+def e2e(case: dict) -> dict[str, float]:
+    """Each correct variant's E2E (us): the interquartile mean, else the median of older documents."""
+    out = {}
+    for v in case["variants"]:
+        t = v["e2e_us"].get("iqm", v["e2e_us"].get("median"))
+        if t is not None and (v.get("correctness") or {}).get("passed"):
+            out[v["variant"]] = t
+    return out
 
 
-def speedup_table(workload: str, docs: list[dict]) -> str:
-    base, prefix, peer_name, dims = TABLES[workload]
-    names = None
-    lines = []
-    for doc in docs:
-        for case in doc["cases"]:
-            med = _medians(case)
-            names = names or [v["variant"] for v in case["variants"]]
-            fused = {n: t for n, t in med.items() if n.startswith(prefix)}
-            best = min(fused, key=fused.get) if fused else None
-            peer = med.get(peer_name)
-            s = case["shape"]
-            cells = " | ".join(f"{med[n]:,.1f}" if n in med else "failed" for n in names)
-            ratio = f"{med[base] / fused[best]:.2f}x" if best and base in med else "-"
-            vs_peer = f"{peer / fused[best]:.2f}x" if best and peer else "-"
-            lines.append(f"| {' | '.join(str(s[d]) for d in dims)} | {cells} | {best or '-'} | {ratio} |"
-                         + (f" {vs_peer} |" if peer_name else ""))
-    head = (f"| {' | '.join(dims)} | " + " | ".join(names) + f" | best fused | {base} / best |"
-            + (f" {peer_name} / best |" if peer_name else ""))
-    return "\n".join([head, "|" + "---:|" * (head.count("|") - 1)] + lines)
+def table(docs: list[dict], hbm_gbps: float | None = None) -> str:
+    cases = [c for d in docs for c in d["cases"]]
+    workload = cases[0]["workload"]
+    names = list(dict.fromkeys(v["variant"] for c in cases for v in c["variants"]))
+    base = rung_of(workload, "bsp")[0]
+    peer = next((n for n in names if get(workload, n).peer), None)
+    head = [*DIMS[workload], *names, "best fused", f"{base} / best"] + ([f"{peer} / best"] if peer else [])
+    if workload == "flash-decode":
+        head += ["KV floor", "best / floor"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for case in cases:
+        t = e2e(case)
+        fused = {n: x for n, x in t.items() if get(workload, n).fused}
+        best = min(fused, key=fused.get) if fused else None
+        row = [_dim(case["shape"], d) for d in DIMS[workload]]
+        row += [f"{t[n]:,.1f}" if n in t else "-" for n in names]
+        row += [best or "-", f"{t[base] / fused[best]:.2f}x" if best and base in t else "-"]
+        if peer:
+            row.append(f"{t[peer] / fused[best]:.2f}x" if best and peer in t else "-")
+        if workload == "flash-decode":
+            floor = case["extra"]["kv_bytes"] / (hbm_gbps * 1e3) if hbm_gbps else None
+            row += [f"{floor:,.1f}" if floor else "-", f"{fused[best] / floor:.2f}x" if floor and best else "-"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
 
 
-def ag_gemm_table(docs: list[dict]) -> str:
-    return speedup_table("ag-gemm", docs)
-
-
-def flash_decode_table(doc: dict, hbm_gbps: float) -> str:
-    names = [v["variant"] for v in doc["cases"][0]["variants"]]
-    lines = []
-    for case in doc["cases"]:
-        med = _medians(case)
-        fused = {n: t for n, t in med.items() if n.startswith("fused")}
-        best = min(fused, key=fused.get)
-        floor = case["extra"]["kv_bytes"] / (hbm_gbps * 1e3)
-        s = case["shape"]
-        cells = " | ".join(f"{med[n]:,.1f}" if n in med else "failed" for n in names)
-        lines.append(f"| {s['B']} | {s['S'] // 1024}K | {cells} | {best} | {med['bsp'] / fused[best]:.2f}x | "
-                     f"{floor:,.1f} | {fused[best] / floor:.2f}x |")
-    head = ("| B | S per rank | " + " | ".join(names) + " | best fused | bsp / best | KV floor | best / floor |")
-    return "\n".join([head, "|" + "---:|" * (head.count("|") - 1)] + lines)
+def _dim(shape: dict, d: str) -> str:
+    return f"{shape[d] // 1024}K" if d == "S" else str(shape[d])
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workload", choices=[*TABLES, "flash-decode"])
-    ap.add_argument("documents", nargs="+")
-    ap.add_argument("--hbm-gbps", type=float, default=4200.0, help="HBM bandwidth for the KV-read floor (GB/s)")
+    ap.add_argument("documents", nargs="+", help="result documents of one workload")
+    ap.add_argument("--hbm-gbps", type=float, default=None, help="flash decode: HBM rate of the KV-read floor (GB/s)")
     args = ap.parse_args(argv)
-    docs = [load(p) for p in args.documents]
-    print(flash_decode_table(docs[0], args.hbm_gbps) if args.workload == "flash-decode" else speedup_table(args.workload, docs))
+    print(table([load(p) for p in args.documents], args.hbm_gbps))
     return 0
 
 

@@ -89,9 +89,9 @@ CTA_TRACE_WORDS = tl.constexpr(6)  # traced fused kernel, per CTA (see ag_gemm_f
 
 def tuned_config(M: int, N: int, K: int, world: int, variant: str) -> Config:
     """The configuration for a shape: the tuned table's entry for the same N, K and world with the
-    nearest M (benchmarks/ag_gemm.py --tune writes the table; docs/ag_gemm.md says how it was made),
-    else the default tiling: 128x256x64, 8 warps, 4 pipeline stages when the tiles fit in about one
-    wave (M/p <= 1024) and 3 otherwise (reports/ag_gemm/gemm_tilings_h200.json)."""
+    nearest M (benchmarks/tune.py ag-gemm writes the table; docs/ag_gemm.md says how), else the default
+    tiling: 128x256x64, 8 warps, 4 pipeline stages when the tiles fit in about one wave (M/p <= 1024) and
+    3 otherwise."""
     import json
 
     if TUNED_FILE.exists():

@@ -91,8 +91,8 @@ class Config:
 
 
 def block_n_for(B: int, Hkv: int) -> int:
-    """The decode step without a tuned table: 128 tokens when there are at most 8 (batch, KV head) pairs,
-    else 64 (2 x H200 trials, reports/flash_decode/flash_b1_trials.md)."""
+    """The decode step without a tuned table: 128 tokens when there are at most 8 (batch, KV head) pairs
+    (fewer, longer steps where few programs share the GPU), else 64."""
     return 128 if B * Hkv <= 8 else 64
 
 

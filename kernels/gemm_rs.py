@@ -29,7 +29,7 @@ computed, and this rank's own rows last, when the peers' tiles for them have had
 arrive. Rank s sends first to s+1, so every owner receives from one peer at a time. The owner's own
 partial never leaves registers (the workload model counts only the peers' partials as intermediate
 bytes), which is why the inbox has p-1 slots, not p: slot (src - owner - 1) mod p holds src's partial.
-Of the issue's two fused designs (the owner reduces as tiles arrive, or every producer writes a sum
+Of the two fused designs (the owner reduces as tiles arrive, or every producer writes a sum
 into the owner's buffer) this is the first, merged with the owner's own GEMM epilogue; the second needs
 remote atomic float adds (non-deterministic sums, fp32 output buffer) and was not built.
 
@@ -112,7 +112,7 @@ TUNED_FILE = Path(__file__).with_name("gemm_rs_tuned.json")
 
 def tuned_config(M: int, N: int, K: int, world: int) -> Config:
     """The fused kernel's configuration for a shape: the tuned table's entry for the same N, K and world
-    with the nearest M (benchmarks/gemm_rs.py --tune measures the candidates on the GPUs and writes the
+    with the nearest M (benchmarks/tune.py gemm-rs measures the candidates on the GPUs and writes the
     table; docs/gemm_rs.md says how), else the default Config()."""
     if TUNED_FILE.exists():
         rows = [r for r in json.loads(TUNED_FILE.read_text())["entries"]

@@ -10,7 +10,7 @@ Two backends give the arenas:
 - cuda: one buffer from PyTorch symmetric memory (torch.distributed._symmetric_memory.empty, then
   rendezvous), peers mapped through get_buffer. NVLink multicast is never used.
 - emulated: CPU tensors in shared memory, allocated before the rank processes fork, so they sit at the
-  same address in every rank (../shared/PLATFORM.md); kernels run under Triton's interpreter
+  same address in every rank; kernels run under Triton's interpreter
   (TRITON_INTERPRET=1), which reads and writes a peer's arena like its own. Timings mean nothing there;
   the logic is the same code.
 
@@ -133,6 +133,16 @@ class SymmetricHeap:
     def reset(self) -> None:
         """Forget every allocation (all ranks together, when no kernel uses them)."""
         self._top = 0
+
+    def mark(self) -> int:
+        """Where the next allocation starts: release(mark) forgets every allocation made after it."""
+        return self._top
+
+    def release(self, mark: int) -> None:
+        """Forget the allocations made since `mark` (all ranks together, when no kernel uses them)."""
+        if not 0 <= mark <= self._top:
+            raise ValueError(f"heap mark {mark} is not below the top {self._top}")
+        self._top = mark
 
 
 @dataclass

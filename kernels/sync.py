@@ -1,6 +1,6 @@
 """Device helpers for fused kernels: reaching a peer's memory, signalling, and bounded waiting.
 
-Flag protocol (../shared/PLATFORM.md): flags are int32 epochs that only grow, tested with >=, so a fast
+Flag protocol: flags are int32 epochs that only grow, tested with >=, so a fast
 rank publishing epoch e+1 never hides epoch e from a slow one. Every flag has a single writer. A signal
 is a CTA barrier (all threads' stores issued) then an atomic exchange with release semantics; a wait
 is an acquire poll then a CTA barrier (no thread's later load moves above it). Flags written by

@@ -23,7 +23,7 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 class Case:
     inputs: list[tuple]  # input sets; run(*inputs[i]) writes the set's last tensor (the output)
     reference: torch.Tensor  # float32, of inputs[0]
-    build: object  # build(variant) -> runner
+    build: object  # build(variant, overrides=None) -> runner; overrides go on top of the case's configuration
     extra: dict  # facts worth recording (splits, input sets, bytes per set)
 
 
@@ -64,12 +64,10 @@ def ag_gemm_case(ctx, w: AgGemm, wait_s: float, config_overrides: dict | None = 
     a0, w0, _ = sets[0]
     ref = ag.reference([a0.peers[r][r * rows:(r + 1) * rows] for r in range(p)], w0)
 
-    def build(variant: str):
+    def build(variant: str, overrides: dict | None = None):
         cfg = None
         if get(w.name, variant).fused:
-            cfg = ag.tuned_config(M, w.N, K, p, variant)
-            if config_overrides:
-                cfg = replace(cfg, **config_overrides)
+            cfg = replace(ag.tuned_config(M, w.N, K, p, variant), **{**(config_overrides or {}), **(overrides or {})})
         return ag.make_variant(ctx, variant, M, N_local, K, dtype, cfg, wait_s=wait_s)
 
     return Case(sets, ref, build, {"input_sets": n_sets})
@@ -95,8 +93,8 @@ def flash_decode_case(ctx, w: FlashDecode, wait_s: float, config_overrides: dict
     ref = fd.merge_partials_f32(every[..., :-1], every[..., -1])
     cfg = fd.Config(**(config_overrides or {}))
 
-    def build(variant: str):
-        return fd.FlashDecode(ctx, B, Hq, Hkv, D, S, dtype, variant, cfg, wait_s)
+    def build(variant: str, overrides: dict | None = None):
+        return fd.FlashDecode(ctx, B, Hq, Hkv, D, S, dtype, variant, replace(cfg, **(overrides or {})), wait_s)
 
     return Case(sets, ref, build, {"input_sets": n_sets, "kv_bytes": w.kv_bytes()})
 
@@ -122,9 +120,10 @@ def gemm_rs_case(ctx, w: GemmRs, wait_s: float, config_overrides: dict | None = 
     w_parts = [x[M * K_local:].view(K_local, N) for x in parts]
     ref = rs.reference(a_parts, w_parts, ctx.rank)
 
-    def build(variant: str):
+    def build(variant: str, overrides: dict | None = None):
         # the tuned table's configuration for this shape (kernels/gemm_rs_tuned.json), overrides on top
-        cfg = replace(rs.tuned_config(M, N, K, p), **(config_overrides or {})) if get(w.name, variant).fused else None
+        cfg = (replace(rs.tuned_config(M, N, K, p), **{**(config_overrides or {}), **(overrides or {})})
+               if get(w.name, variant).fused else None)
         return rs.make_variant(ctx, variant, M, N, K, dtype, cfg, wait_s=wait_s)
 
     return Case(sets, ref, build, {"input_sets": n_sets})
@@ -141,7 +140,7 @@ def tp_mlp_case(ctx, w: TpMlp, wait_s: float, config_overrides: dict | None = No
     dtype = TORCH_DTYPES[w.dtype]
     M, H, F, p = w.M, w.H, w.F, w.world
     rows, f_local = M // p, F // p
-    parts = mlp.split_overrides(config_overrides)  # an unknown key fails here, before any variant is built
+    mlp.split_overrides(config_overrides)  # an unknown key fails here, before any variant is built
     n_sets = _sets_for((M * H + 3 * H * f_local + rows * H) * w.elt, ctx.device.type == "cuda")
     sets = []
     for s in range(n_sets):
@@ -158,9 +157,10 @@ def tp_mlp_case(ctx, w: TpMlp, wait_s: float, config_overrides: dict | None = No
                         [e[n1:].view(f_local, H) for e in every])
     del every
 
-    def build(variant: str):
+    def build(variant: str, overrides: dict | None = None):
         if not get(w.name, variant).fused:
             return mlp.make_variant(ctx, variant, M, H, F, dtype, wait_s=wait_s)
+        parts = mlp.split_overrides({**(config_overrides or {}), **(overrides or {})})
         ag_cfg = replace(ag.tuned_config(M, 2 * F, H, p, "fused-push"), **parts["ag"])
         rs_cfg = replace(rs.tuned_config(M, H, F, p), **parts["rs"])  # as gemm_rs_case: the tuned table's, overridden
         return mlp.make_variant(ctx, variant, M, H, F, dtype, ag_cfg, rs_cfg, mlp.SwigluConfig(**parts["swiglu"]),
@@ -190,6 +190,16 @@ CASES = {"ag-gemm": ag_gemm_case, "flash-decode": flash_decode_case, "gemm-rs": 
 
 def make_case(ctx, w: Workload, wait_s: float = 5.0, config_overrides: dict | None = None) -> Case:
     return CASES[w.name](ctx, w, wait_s, config_overrides)
+
+
+def checked_error(case: Case, runner) -> float:
+    """One run of `runner` on the first input set, its output poisoned with NaN first: the relative error
+    against the case's float32 reference (a NaN left in the output gives inf)."""
+    out = case.inputs[0][-1].fill_(float("nan"))
+    got = runner(*case.inputs[0][:-1], out)
+    if hasattr(runner, "check"):
+        runner.check()
+    return rel_error(got, case.reference)
 
 
 def fused_trace(runner) -> dict | None:

@@ -1,9 +1,9 @@
 """Hardware profiles: the figures the cost model needs, from datasheets or from calibration.
 
 Built-in profiles hold datasheet peaks. Figures no datasheet gives (launch costs, collective base
-latency, achievable fractions of peak) are marked in the comments as measured on our machines
-(../shared/PLATFORM.md, 2026-11-22, 2 x H200 VM) or as assumed; `taxes calibrate` measures all of
-them on the machine at hand and saves a profile JSON that loads here by name or path.
+latency, achievable fractions of peak) are marked in the comments as measured (on a 2 x H200 node,
+2026-11-22, or on one H100) or as assumed; `taxes calibrate` measures all of them on the machine at hand
+and saves a profile JSON that loads here by name or path.
 """
 
 from __future__ import annotations
@@ -94,17 +94,17 @@ H100_SXM = HardwareProfile(
     peer_link_gbps=450.0,
     injection_gbps=450.0,
     link_latency_us=2.0,  # assumed: order of one NVLink store-to-visibility; calibrate measures it
-    collective_base_us=27.0,  # measured (PLATFORM.md): 32-byte NCCL all-gather 50 us minus ~23 us launch
-    launch_eager_us=20.0,  # measured (PLATFORM.md): 16 us Triton kernel, 23 us torch op, on our VMs
-    launch_graph_us=0.9,  # measured (PLATFORM.md): per kernel inside a CUDA graph
-    flag_round_trip_us=5.0,  # assumed: two link latencies plus polling (PLATFORM.md's 32.6 us probe is suspect)
+    collective_base_us=27.0,  # measured (2 x H200): 32-byte NCCL all-gather 50 us minus ~23 us launch
+    launch_eager_us=20.0,  # measured (2 x H200): 16 us Triton kernel, 23 us torch op
+    launch_graph_us=0.9,  # measured (2 x H200): per kernel inside a CUDA graph
+    flag_round_trip_us=5.0,  # assumed: two link latencies plus polling (a 32.6 us one-probe reading on H200 is suspect)
     kernel_floor_us=2.0,  # assumed: device time of a near-empty kernel
     rank_skew_us=5.0,  # assumed: launch jitter between ranks after a barrier
-    matmul_efficiency=0.80,  # measured (device KINDS.md, H100): 8192^3 bf16 at 798 TFLOP/s
+    matmul_efficiency=0.80,  # measured (H100): 8192^3 bf16 at 798 TFLOP/s
     triton_matmul_efficiency=0.76,  # assumed: 95% of cuBLAS, until our kernel is measured
-    hbm_efficiency=0.90,  # measured (device KINDS.md, H100): device copy 3.0 TB/s
-    collective_efficiency=0.63,  # measured on H200 NVLink (PLATFORM.md): NCCL all-gather 1 GiB/rank, 283 GB/s
-    p2p_efficiency=0.70,  # measured on H200 NVLink (PLATFORM.md): Triton peer store 313 GB/s
+    hbm_efficiency=0.90,  # measured (H100): device copy 3.0 TB/s
+    collective_efficiency=0.63,  # measured on H200 NVLink: NCCL all-gather 1 GiB/rank, 283 GB/s
+    p2p_efficiency=0.70,  # measured on H200 NVLink: Triton peer store 313 GB/s
 )
 
 # NVIDIA H200 datasheet (SXM, 2024): BF16/FP16 tensor 1,979 TFLOPS with sparsity (989.4 dense),
@@ -119,17 +119,17 @@ H200_SXM = HardwareProfile(
     peer_link_gbps=450.0,
     injection_gbps=450.0,
     link_latency_us=2.0,  # assumed: order of one NVLink store-to-visibility; calibrate measures it
-    collective_base_us=27.0,  # measured (PLATFORM.md): 32-byte NCCL all-gather 50 us minus ~23 us launch
-    launch_eager_us=20.0,  # measured (PLATFORM.md): 16 us Triton kernel, 23 us torch op
-    launch_graph_us=0.9,  # measured (PLATFORM.md): per kernel inside a CUDA graph
-    flag_round_trip_us=5.0,  # assumed (PLATFORM.md's 32.6 us one-probe reading is flagged as suspect)
+    collective_base_us=27.0,  # measured (2 x H200): 32-byte NCCL all-gather 50 us minus ~23 us launch
+    launch_eager_us=20.0,  # measured (2 x H200): 16 us Triton kernel, 23 us torch op
+    launch_graph_us=0.9,  # measured (2 x H200): per kernel inside a CUDA graph
+    flag_round_trip_us=5.0,  # assumed (a 32.6 us one-probe reading is suspect)
     kernel_floor_us=2.0,  # assumed: device time of a near-empty kernel
     rank_skew_us=5.0,  # assumed: launch jitter between ranks after a barrier
-    matmul_efficiency=0.79,  # measured (PLATFORM.md): cuBLAS bf16 8192^3 at 779 TFLOP/s
+    matmul_efficiency=0.79,  # measured (2 x H200): cuBLAS bf16 8192^3 at 779 TFLOP/s
     triton_matmul_efficiency=0.75,  # assumed: 95% of cuBLAS, until our kernel is measured
-    hbm_efficiency=0.875,  # measured (PLATFORM.md): device-to-device copy 4200 GB/s
-    collective_efficiency=0.63,  # measured (PLATFORM.md): NCCL all-gather 1 GiB/rank in 3.8 ms, 283 GB/s received
-    p2p_efficiency=0.70,  # measured (PLATFORM.md): Triton kernel storing to a peer, 313 GB/s
+    hbm_efficiency=0.875,  # measured (2 x H200): device-to-device copy 4200 GB/s
+    collective_efficiency=0.63,  # measured (2 x H200): NCCL all-gather 1 GiB/rank in 3.8 ms, 283 GB/s received
+    p2p_efficiency=0.70,  # measured (2 x H200): Triton kernel storing to a peer, 313 GB/s
 )
 
 # AMD Instinct MI300X data sheet and CDNA 3 white paper (2023): BF16/FP16 dense 1,307.4 TFLOPS,
@@ -146,7 +146,7 @@ MI300X = HardwareProfile(
     injection_gbps=448.0,
     link_latency_us=2.0,  # assumed
     collective_base_us=30.0,  # assumed: RCCL small-message all-gather of the same order as NCCL's
-    launch_eager_us=20.0,  # assumed: as measured for NVIDIA on our VMs
+    launch_eager_us=20.0,  # assumed: as measured on NVIDIA H200
     launch_graph_us=1.5,  # assumed: HIP graphs replay somewhat slower per node than CUDA graphs
     flag_round_trip_us=5.0,  # assumed
     kernel_floor_us=3.0,  # assumed

@@ -1,9 +1,13 @@
-"""Timing one variant on every rank: barrier-aligned iterations timed with device events.
+"""Timing on the device: a variant's barrier-aligned iterations, and back-to-back calls with the host ahead.
 
 An iteration (docs/method.md): all ranks meet at a barrier (device synchronised first), then each
 records a start event on its stream, runs the variant, records an end event. A rank's sample is
 end - start; the iteration's E2E is the slowest rank's sample (taken when the document is built).
 Inputs rotate over several sets so a small problem is not served from L2.
+
+Back-to-back calls (`device_batch_us`, `device_calls_us`; what `taxes calibrate` measures with): a sleep
+kernel first holds the device while the host queues every call, so the device time read between events
+holds no launch cost.
 """
 
 from __future__ import annotations
@@ -54,6 +58,51 @@ def time_iterations(ctx, run, input_sets: list, iters: int, warmup: int, label: 
         if i >= warmup:
             samples.append(us)
     return samples
+
+
+def sleep_cycles_per_us(device) -> float:
+    """torch.cuda._sleep spins a number of clock cycles; measure how many make a microsecond here."""
+    torch.cuda._sleep(1000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 20_000_000
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / max(start.elapsed_time(end) * 1e3, 1.0)
+
+
+def device_batch_us(fn, calls: int, cycles_per_us: float, spin_us: float | None = None) -> tuple[float, bool]:
+    """Device time per call of `calls` back-to-back fn() with the host ahead: a sleep kernel first holds
+    the device while the host queues every call, so no launch cost is inside the timed window.
+    Returns (us per call, whether the host really finished queueing before the sleep ended)."""
+    spin_us = spin_us or 1000 + 60 * calls
+    torch.cuda._sleep(int(spin_us * cycles_per_us))
+    slept = torch.cuda.Event()
+    slept.record()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    ahead = not slept.query()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls, ahead
+
+
+def device_calls_us(fn, calls: int, cycles_per_us: float) -> tuple[list[float], bool]:
+    """Device time of each of `calls` back-to-back fn() (events between them), host ahead as above."""
+    torch.cuda._sleep(int((1000 + 200 * calls) * cycles_per_us))
+    slept = torch.cuda.Event()
+    slept.record()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(calls + 1)]
+    ev[0].record()
+    for i in range(calls):
+        fn()
+        ev[i + 1].record()
+    ahead = not slept.query()
+    ev[-1].synchronize()
+    return [ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(calls)], ahead
 
 
 def warm_clocks(ctx, seconds: float) -> None:

@@ -136,13 +136,16 @@ def memory_breakdown(workload: Workload, variant: str, input_sets: int = 1, chec
         M, N, K = workload.M, workload.N, workload.K
         k_local = K // p
         out = {
-            "inputs": input_sets * (M * k_local + k_local * N) * e,
+            "inputs": input_sets * k_local * N * e,
             "outputs": input_sets * (M // p) * N * e,
             # bsp: the whole M x N partial product, then NCCL's reduce-scatter; fused: the copy-engine
             # producer's local staging of the peers' rows (counted whichever producer the config picks)
             "gathered": (p - 1) * (M // p) * N * e if fused else M * N * e,
-            # fused: every peer's partial of the rows this rank owns lands in its (double-buffered) inbox
-            "symmetric heap": (2 * (p - 1) * (M // p) * N * e + _flags(p * M)) if fused else 0.0,
+            # A_r (M x K/p) is symmetric in every variant (taxes.cases: emulated reduce-scatters and torch's
+            # fused op read peers'); fused: every peer's partial of the rows this rank owns lands in its
+            # (double-buffered) inbox
+            "symmetric heap": input_sets * M * k_local * e
+                              + ((2 * (p - 1) * (M // p) * N * e + _flags(p * M)) if fused else 0.0),
             "reference check": (M * k_local + k_local * N + M * N) * 4.0 if check else 0.0,
         }
     elif isinstance(workload, FlashDecode):

@@ -12,48 +12,12 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anyw
 
 import pytest
 import torch
+from rank_jobs import SMALL, ag_gemm_job
 
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels.runtime import RankError, interpreting, launch
 
 pytestmark = pytest.mark.skipif(not interpreting(), reason="triton was imported before TRITON_INTERPRET was set")
-
-SMALL = ag.Config(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2, copiers=2,
-                  chunk_rows=8, copy_block=256, grid=4)
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _job(ctx, variant, cfg, M, N, K, dtype_name, seed, calls=2, wait_s=30.0):
-    dtype = DTYPES[dtype_name]
-    p, r = ctx.world, ctx.rank
-    g = torch.Generator().manual_seed(seed * 100 + r)
-    rows = M // p
-    a_full = ctx.heap.alloc((M, K), dtype)
-    a_full.local.fill_(float("nan"))  # rows other ranks own are workspace until a variant fills them
-    a_full.local[r * rows:(r + 1) * rows] = torch.randn(rows, K, generator=g).to(dtype)
-    w = torch.randn(K, N // p, generator=g).to(dtype)
-    out = torch.empty(M, N // p, dtype=dtype)
-    run = ag.make_variant(ctx, variant, M, N // p, K, dtype, cfg, wait_s=wait_s)
-    ctx.barrier()
-    errors = []
-    fused = isinstance(run, (ag.AgGemmFused, ag.AgGemmFusedGraph))
-    for i in range(calls):
-        out.fill_(float("nan"))
-        traced = fused and i == 1  # the instrumented build must compute the same
-        res = run(a_full, w, out, traced=True) if traced else run(a_full, w, out)
-        if hasattr(run, "check"):
-            run.check()
-        ctx.barrier()
-        ref = ag.reference([a_full.peers[j][j * rows:(j + 1) * rows] for j in range(p)], w)
-        errors.append(ag.rel_error(res, ref))
-        if traced:  # every tile computed exactly once, by some CTA, and recorded against its source rank
-            tiles = sum(row["tiles"] for row in run.cta_trace_rows())
-            sources = [src for src, _ in run.tile_waits()]
-            assert tiles == len(sources) == (M // run.cfg.block_m) * -(-(N // p) // run.cfg.block_n), tiles
-            assert sorted(set(sources)) == list(range(p))
-        ctx.barrier()
-    return errors
-
 
 CASES = [
     ("bsp", SMALL),
@@ -75,7 +39,7 @@ CASES = [
 def test_variant_matches_float32_reference(variant, cfg, world):
     dtype = "bf16" if world == 1 else "fp16"
     M, N, K = 64, 48, 32  # N/p = 24: not a multiple of the 16-wide tile, so edges are exercised
-    errors = launch(_job, world, variant, cfg, M, N, K, dtype, world, timeout_s=300)
+    errors = launch(ag_gemm_job, world, variant, cfg, M, N, K, dtype, world, timeout_s=300)
     for rank_errors in errors:
         assert len(rank_errors) == 2
         assert all(e < 1e-2 for e in rank_errors), rank_errors
@@ -86,7 +50,7 @@ def test_both_dtypes_and_uneven_chunks_at_world_2():
     # chunk_rows 16 over a 32-row shard: two chunks; tiles of 16 rows each wait on one chunk
     cfg = ag.replace(SMALL, chunk_rows=16)
     for dtype in ("bf16", "fp16"):
-        errors = launch(_job, 2, "fused-push", cfg, 64, 64, 48, dtype, 7, timeout_s=300)
+        errors = launch(ag_gemm_job, 2, "fused-push", cfg, 64, 64, 48, dtype, 7, timeout_s=300)
         assert all(e < 1e-2 for rank_errors in errors for e in rank_errors)
 
 
@@ -193,5 +157,6 @@ def test_persistent_gemm_alone():
                     reason="needs 2 CUDA GPUs and TRITON_INTERPRET unset")
 def test_every_variant_on_two_gpus():
     for variant in ag.VARIANTS:
-        errors = launch(_job, 2, variant, ag.Config(), 1024, 1024, 1024, "bf16", 11, backend="cuda", timeout_s=300)
+        errors = launch(ag_gemm_job, 2, variant, ag.Config(), 1024, 1024, 1024, "bf16", 11, backend="cuda",
+                        timeout_s=300)
         assert all(e < 1e-2 for rank_errors in errors for e in rank_errors), (variant, errors)

@@ -11,26 +11,31 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
 
 import pytest
+import torch
 from _util import assert_one_line, run_cli
 from hypothesis import given
 from hypothesis import strategies as st
 
 from taxes import calibrate as cal
+from taxes.calibrate import derive, fits, measurements, plan, run
 from taxes.cli.calibrate_cmd import calibrate as calibrate_command
 from taxes.cli.main import TaxesGroup
 from taxes.errors import TaxesError
 from taxes.hardware import BUILTIN, get_profile, load_profile_file, profile_from_dict, profile_to_dict
+from taxes.kernels import probes, runtime
+from taxes.kernels.runtime import interpreting, launch
 from taxes.model import predict
 from taxes.workloads import WORKLOADS, make_workload, model_variants
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = BUILTIN["h200-sxm"]
 
-# The machine the synthetic readings come from (close to PLATFORM.md's 2 x H200), in the profile's units.
+# The machine the synthetic readings come from (close to a 2 x H200 node), in the profile's units.
 TRUTH = dict(torch_bf16_tflops=780.0, torch_fp16_tflops=770.0, triton_bf16_tflops=700.0, hbm_gbps=4200.0,
              copy_gbps=354.0, store_gbps=313.0, load_gbps=291.0, nccl_base_us=20.0, nccl_gbps=300.0,
              triton_host_us=16.0, torch_host_us=23.0, nccl_host_us=30.0, prefilled_us=2.5, graph_us=1.2,
@@ -43,7 +48,7 @@ def _noisy(rng, x, n, rel=0.01):
 
 
 def synthetic_ranks(rng: random.Random, world: int = 2, truth: dict = TRUTH, reps: int = 7) -> list[dict]:
-    """Per-rank readings shaped like taxes.calibrate.measure()'s, generated from `truth` plus noise."""
+    """Per-rank readings shaped like taxes.calibrate.run.measure()'s, generated from `truth` plus noise."""
     t = truth
     flops = 2 * 8192 ** 3
     ranks = []
@@ -119,7 +124,7 @@ SIZES = [4096 << i for i in range(17)]
 def test_fit_recovers_latency_and_bandwidth_from_noisy_points(base_us, gbps, noise, seed):
     rng = random.Random(seed)
     t = [(base_us + x / (gbps * 1e3)) * (1 + rng.uniform(-noise, noise)) for x in SIZES]
-    fit = cal.fit_latency_bandwidth(SIZES, t)
+    fit = fits.fit_latency_bandwidth(SIZES, t)
     assert fit["bytes_per_us"] / 1e3 == pytest.approx(gbps, rel=3 * noise + 1e-6)
     assert fit["base_us"] == pytest.approx(base_us, rel=3 * noise + 1e-6, abs=1e-6)
     assert fit["rel_rms"] <= noise + 1e-9
@@ -129,7 +134,7 @@ def test_fit_recovers_latency_and_bandwidth_from_noisy_points(base_us, gbps, noi
 def test_fit_drops_an_outlier_size(bad, factor):
     t = [20 + x / 300e3 for x in SIZES]
     t[bad] *= factor
-    fit = cal.fit_latency_bandwidth(SIZES, t)
+    fit = fits.fit_latency_bandwidth(SIZES, t)
     assert fit["dropped"] == [SIZES[bad]]
     assert fit["base_us"] == pytest.approx(20, rel=1e-6)
     assert fit["bytes_per_us"] == pytest.approx(300e3, rel=1e-6)
@@ -140,7 +145,7 @@ def test_fit_follows_the_trend_of_a_non_monotone_curve():
     wiggle = [1.0, 1.15, 0.9, 1.2, 0.85, 1.1, 0.95, 1.15, 0.9, 1.1, 0.95, 1.05, 1.0, 1.05, 0.97, 1.03, 1.0]
     t = [(25 + x / 280e3) * w for x, w in zip(SIZES, wiggle)]
     assert any(b < a for a, b in zip(t, t[1:]))  # really not monotone
-    fit = cal.fit_latency_bandwidth(SIZES, t)
+    fit = fits.fit_latency_bandwidth(SIZES, t)
     assert fit["base_us"] == pytest.approx(25, rel=0.25)
     assert fit["bytes_per_us"] == pytest.approx(280e3, rel=0.1)
 
@@ -157,20 +162,20 @@ def test_fit_follows_the_trend_of_a_non_monotone_curve():
 ])
 def test_fit_refuses_what_cannot_be_fitted(xs, ts, match):
     with pytest.raises(cal.CalibrationError, match=match) as e:
-        cal.fit_latency_bandwidth(xs, ts, "NCCL curve")
+        fits.fit_latency_bandwidth(xs, ts, "NCCL curve")
     assert_one_line(str(e.value))
 
 
 def test_medians_ignore_failed_readings_and_say_when_none_is_left():
-    assert cal.median_reading([3.0, float("nan"), -1, 0, 5.0, 4.0, True], "x") == 4.0
+    assert fits.median_reading([3.0, float("nan"), -1, 0, 5.0, 4.0, True], "x") == 4.0
     with pytest.raises(cal.CalibrationError, match="HBM copy: no valid reading"):
-        cal.median_reading([float("inf"), 0.0, None], "HBM copy")
+        fits.median_reading([float("inf"), 0.0, None], "HBM copy")
 
 
 def test_nccl_curve_prefers_readings_taken_with_the_host_ahead():
     rs = [{"world": 2, "sizes": [4096, 8192], "us": [[10.0, 50.0, 11.0], [12.0, 13.0]],
            "host_ahead": [[True, False, True], [False, False]]}]
-    curve = cal.nccl_curve(rs)
+    curve = derive.nccl_curve(rs)
     assert [c["us"] for c in curve] == [10.5, 12.5]  # the host-bound 50 us is left out; size 2 had no choice
     assert [c["bytes_in"] for c in curve] == [4096, 8192]
     assert [c["host_ahead"] for c in curve] == [True, False]
@@ -187,7 +192,7 @@ def test_clock_offset_is_within_its_stated_error(offset, fwd, back, seed):
     b = [back * (1 + rng.uniform(0, 1)) for _ in t0]
     t1 = [a + x + offset for a, x in zip(t0, f)]
     t2 = [a + x + y for a, x, y in zip(t0, f, b)]
-    est, err = cal.clock_offset_ns(t0, t1, t2)
+    est, err = fits.clock_offset_ns(t0, t1, t2)
     assert err == pytest.approx(min(x + y for x, y in zip(f, b)) / 2)
     assert abs(est - offset) <= max(x + y for x, y in zip(f, b)) / 2 + 1e-3
     if fwd == back:  # symmetric directions: the estimate is good to the noise, not just the bound
@@ -196,7 +201,7 @@ def test_clock_offset_is_within_its_stated_error(offset, fwd, back, seed):
 
 def test_clock_offset_needs_a_round():
     with pytest.raises(cal.CalibrationError):
-        cal.clock_offset_ns([5, 6], [1, 1], [4, 6])  # round trips not positive
+        fits.clock_offset_ns([5, 6], [1, 1], [4, 6])  # round trips not positive
 
 
 @given(world=st.integers(2, 8), seed=st.integers(0, 1000))
@@ -205,16 +210,16 @@ def test_skew_spreads_undo_each_clocks_offset(world, seed):
     arrive = [[rng.uniform(0, 5e4) for _ in range(10)] for _ in range(world)]
     offsets = [0.0] + [rng.uniform(-1e9, 1e9) for _ in range(world - 1)]
     stamps = [[1e12 + a + offsets[r] for a in arrive[r]] for r in range(world)]
-    spreads = cal.skew_spreads_us(stamps, offsets)
+    spreads = fits.skew_spreads_us(stamps, offsets)
     want = [(max(a[k] for a in arrive) - min(a[k] for a in arrive)) / 1e3 for k in range(10)]
     assert spreads == pytest.approx(want, abs=1e-3)
     with pytest.raises(cal.CalibrationError):
-        cal.skew_spreads_us(stamps, offsets[:-1])
+        fits.skew_spreads_us(stamps, offsets[:-1])
 
 
 @given(pre=st.lists(st.floats(0.5, 5), min_size=1, max_size=9), graph=st.lists(st.floats(0.5, 5), min_size=1, max_size=9))
 def test_launch_figures_make_the_models_floor_and_gap(pre, graph):
-    f = cal.launch_figures(pre, graph)
+    f = fits.launch_figures(pre, graph)
     assert f["launch_graph_us"] >= 0 and f["kernel_floor_us"] > 0
     # the model's per-kernel times: eager back to back at the floor, graph at floor + gap
     assert f["kernel_floor_us"] + f["launch_graph_us"] == pytest.approx(f["graph_period_us"])
@@ -266,7 +271,7 @@ def _with_shapes_and_read(ranks, rng, shape_tflops: list[float], read_gbps: list
         m = r["figures"]["matmul"]
         m["bf16_shapes"] = [{"m": a, "n": b, "k": c, "flops": 2 * a * b * c,
                              "us": _noisy(rng, 2 * a * b * c / (tf * 1e6), 7)}
-                            for (a, b, c), tf in zip(cal.matmul_shapes(8192), shape_tflops)]
+                            for (a, b, c), tf in zip(plan.matmul_shapes(8192), shape_tflops)]
         r["figures"]["hbm"]["read"] = [{"config": f"cfg{j}", "bytes": 1 << 30, "checked": checked,
                                         "us": _noisy(rng, (1 << 30) / (g * 1e3), 7)} for j, g in enumerate(read_gbps)]
     return ranks
@@ -311,38 +316,29 @@ def test_combine_readings_that_failed_their_check_keep_the_base_and_the_model_us
         # the combines' loops over their sets now take base + sets x per set, not the empty kernel's floor
         assert slow.e2e_us > fast.e2e_us
     comb = {ph.name: ph.end_us - ph.start_us for ph in predict(w, "bsp-graph", measured).phases}
-    # the one-launch decode merges its splits itself; the global combine loops over the world's partials
+    # the one-launch decode merges its splits itself; the global combine merges one partial per rank
     assert comb["global_combine"] == pytest.approx(max(measured.combine_kernel_us(w.world), 0.0), rel=0.01)
+    assert measured.combine_kernel_us(w.world) > measured.kernel_floor_us  # the measured loop, not the floor
 
 
 def test_measure_combine_checks_the_kernel_under_the_interpreter():
-    from types import SimpleNamespace
-
-    import torch
-
-    from taxes.kernels.runtime import interpreting
-
     if not interpreting():
         pytest.skip("triton was imported before TRITON_INTERPRET was set")
-    got = cal.measure_combine(SimpleNamespace(device=torch.device("cpu"), rank=0), TINY, 1.0, rows=20, D=16)
-    assert got["checked"] and got["sets"] == list(cal.COMBINE_SETS) and got["us"] == [[], []]
+    got = measurements.measure_combine(SimpleNamespace(device=torch.device("cpu"), rank=0), TINY, 1.0, rows=20, D=16)
+    assert got["checked"] and got["sets"] == list(plan.COMBINE_SETS) and got["us"] == [[], []]
 
 
 def test_hbm_read_kernel_sums_every_element_once_under_the_interpreter():
-    import torch
-
-    from taxes.kernels.runtime import interpreting
-
     if not interpreting():
         pytest.skip("triton was imported before TRITON_INTERPRET was set")
     for n in (1, 1000, 3 * 512 + 7):
         x = torch.randint(0, 16, (n,), dtype=torch.int32)
-        got = cal.hbm_read(x, 2, 128, TINY, 1.0)
+        got = measurements.hbm_read(x, 2, 128, TINY, 1.0)
         assert got["checked"] and got["bytes"] == 4 * n and got["us"] == []
     # each program's sum is exactly its strided blocks (a skipped or repeated block would show here)
     sums = torch.full((4,), -1, dtype=torch.int32)
     x = torch.randint(0, 16, (1000,), dtype=torch.int32)
-    cal.hbm_read_kernel[(4,)](x, sums, 1000, BLOCK=64)
+    probes.hbm_read_kernel[(4,)](x, sums, 1000, BLOCK=64)
     blocks = x.split(64)
     want = [sum(int(b.sum()) for b in blocks[p::4]) for p in range(4)]
     assert sums.tolist() == want
@@ -472,8 +468,6 @@ def test_a_peer_copy_whose_data_did_not_arrive_does_not_count():
 @pytest.mark.parametrize("outcome", ["finished", "cut short", "nothing measured"])
 def test_run_calibration_on_the_host_side(monkeypatch, outcome):
     """The launcher stands in for the GPU ranks: what they return, or the readings they saved before dying."""
-    from taxes.kernels import runtime
-
     ranks = synthetic_ranks(random.Random(13))
     seen = {}
 
@@ -487,7 +481,7 @@ def test_run_calibration_on_the_host_side(monkeypatch, outcome):
                 (Path(progress_dir) / f"rank{r['rank']}.json").write_text(json.dumps(r))
         raise runtime.RankError("rank 1 did not finish within 9 s (it was calibrating triton_gemm)")
 
-    monkeypatch.setattr(cal, "cuda_gpu_count", lambda: 2)
+    monkeypatch.setattr(run, "cuda_gpu_count", lambda: 2)  # the name run_calibration looks up
     monkeypatch.setattr(runtime, "launch", fake_launch)
     if outcome == "nothing measured":
         with pytest.raises(TaxesError, match="before any figure was measured: rank 1 did not finish") as e:
@@ -594,8 +588,6 @@ def test_cli_without_gpus_is_one_line_pointing_to_the_profiles(calibrate_cli, ca
 
 
 def test_cli_on_this_machine_without_gpus(calibrate_cli, capsys):
-    import torch
-
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     code, out, err = calibrate_cli([], capsys)
@@ -685,16 +677,14 @@ def test_cli_failed_figures_are_one_line_each(calibrate_cli, capsys, monkeypatch
     assert "[bold]for[/bold]" in out and "[Errno" in out  # the table's reason column too (cells wrap at spaces)
 
 
-def test_benchmark_runs_from_a_bare_checkout_and_says_when_there_is_no_gpu(tmp_path):
-    import torch
-
+def test_installed_command_says_when_there_is_no_gpu_and_writes_nothing(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "calibrate.py"), "--out", str(tmp_path), "--quick"],
+    r = subprocess.run([sys.executable, "-m", "taxes.cli.main", "calibrate", "--quick", "-o", str(tmp_path / "p.json")],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 1, r.stderr
-    assert r.stdout.strip().splitlines() == [f"calibrate: error: {cal.NO_GPU}"]
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == "" and r.stderr.strip().splitlines() == [f"taxes: error: {cal.NO_GPU}"]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -702,8 +692,6 @@ def test_benchmark_runs_from_a_bare_checkout_and_says_when_there_is_no_gpu(tmp_p
 
 
 def _kernels_job(ctx, rounds, absent):
-    import torch
-
     flags = ctx.heap.zeros((ctx.world,), torch.int32)
     stamps = ctx.heap.zeros((2 * rounds + 2,), torch.int64)
     buf = ctx.heap.alloc((1000,), torch.int32)
@@ -714,22 +702,23 @@ def _kernels_job(ctx, rounds, absent):
     for relaxed in (True, False):
         if ctx.rank != absent:
             try:
-                cal.ping_pong(ctx, flags, stamps, peer, base, rounds, relaxed, stamped=relaxed, wait_s=1.0)
+                probes.ping_pong(ctx, flags, stamps, peer, base, rounds, relaxed, stamped=relaxed, wait_s=1.0)
             except Exception as e:
                 out.setdefault("errors", []).append(f"{type(e).__name__}: {e}")
         base += rounds
         ctx.barrier()
         out["flags"].append(flags.local.tolist())
+        ctx.barrier()  # read before the leader starts the next run (its first signal would show here)
     g = torch.Generator().manual_seed(ctx.rank)
     for via_bases in (True, False):
         src = torch.randint(-2 ** 31, 2 ** 31 - 1, (1000,), generator=g, dtype=torch.int32)
         buf.local.fill_(-1)
         ctx.barrier()
-        cal.triton_peer_copy(ctx, buf, src, peer, push=True, via_bases=via_bases, grid=3, block=128)
+        probes.triton_peer_copy(ctx, buf, src, peer, push=True, via_bases=via_bases, grid=3, block=128)
         ctx.barrier()
         pushed = buf.local.clone()
         back = torch.zeros_like(src)
-        cal.triton_peer_copy(ctx, buf, back, peer, push=False, via_bases=via_bases, grid=3, block=128)
+        probes.triton_peer_copy(ctx, buf, back, peer, push=False, via_bases=via_bases, grid=3, block=128)
         ctx.barrier()
         out.setdefault("copies", []).append({"src": src.tolist(), "pushed": pushed.tolist(), "pulled": back.tolist()})
     return out
@@ -737,8 +726,6 @@ def _kernels_job(ctx, rounds, absent):
 
 @pytest.mark.slow
 def test_ping_pong_and_peer_copies_under_the_interpreter():
-    from taxes.kernels.runtime import interpreting, launch
-
     if not interpreting():
         pytest.skip("triton was imported before TRITON_INTERPRET was set")
     rounds = 5
@@ -756,8 +743,6 @@ def test_ping_pong_and_peer_copies_under_the_interpreter():
 
 @pytest.mark.slow
 def test_ping_pong_without_a_peer_gives_up_instead_of_hanging():
-    from taxes.kernels.runtime import interpreting, launch
-
     if not interpreting():
         pytest.skip("triton was imported before TRITON_INTERPRET was set")
     res = launch(_kernels_job, 2, 3, 1, backend="emulated", heap_bytes=1 << 20, timeout_s=120)
@@ -772,27 +757,25 @@ TINY = cal.Plan(reps=1, warmup=0, launches=1, nccl_sizes=(4096,), copy_bytes=409
 
 def _pingpong_job(ctx, fail_rank):
     if fail_rank is not None:  # this rank's runs fail, the others' succeed: every rank must still stop together
-        real = cal.ping_pong
+        real = measurements.ping_pong
 
         def flaky(ctx_, *a, **k):
             if ctx_.rank == fail_rank:
                 raise RuntimeError("injected failure")
             return [0] * (2 * a[4] + 2)
 
-        cal.ping_pong = flaky
+        measurements.ping_pong = flaky
         try:
-            return cal.measure_pingpong(ctx, TINY, 1.0)
+            return measurements.measure_pingpong(ctx, TINY, 1.0)
         except Exception as e:
             return f"{type(e).__name__}: {e}"
         finally:
-            cal.ping_pong = real
-    return cal.measure_pingpong(ctx, TINY, 1.0)
+            measurements.ping_pong = real
+    return measurements.measure_pingpong(ctx, TINY, 1.0)
 
 
 @pytest.mark.slow
 def test_measure_pingpong_runs_every_pair_under_the_interpreter():
-    from taxes.kernels.runtime import interpreting, launch
-
     if not interpreting():
         pytest.skip("triton was imported before TRITON_INTERPRET was set")
     res = launch(_pingpong_job, 3, None, backend="emulated", heap_bytes=1 << 20, timeout_s=300)
@@ -807,8 +790,6 @@ def test_measure_pingpong_runs_every_pair_under_the_interpreter():
 @pytest.mark.slow
 @pytest.mark.parametrize("fail_rank", [0, 1])
 def test_a_figure_failing_on_one_rank_fails_on_every_rank_without_a_hang(fail_rank):
-    from taxes.kernels.runtime import interpreting, launch
-
     if not interpreting():
         pytest.skip("triton was imported before TRITON_INTERPRET was set")
     res = launch(_pingpong_job, 2, fail_rank, backend="emulated", heap_bytes=1 << 20, timeout_s=120)
@@ -821,10 +802,6 @@ def test_a_figure_failing_on_one_rank_fails_on_every_rank_without_a_hang(fail_ra
 
 @pytest.mark.gpu
 def test_quick_calibration_on_gpus(tmp_path, monkeypatch):
-    import torch
-
-    from taxes.kernels.runtime import interpreting
-
     if interpreting() or not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA GPUs and TRITON_INTERPRET=0")
     base = cal.base_for_gpu(torch.cuda.get_device_name(0))

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from _util import assert_one_line
+from committed import committed
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,9 +28,8 @@ from taxes.cli.main import TaxesGroup
 from taxes.errors import TaxesError
 from taxes.workloads import make_workload
 
-REPO = Path(__file__).resolve().parent.parent
-AG_GEMM = REPO / "reports" / "ag_gemm" / "ag_gemm_h200x2.json"
-FLASH_DECODE = REPO / "reports" / "flash_decode" / "flash_decode_h200x2.json"
+AG_GEMM = committed("reports/ag_gemm/h200-x2-N8192.json.gz")  # a measured sweep with every iteration's samples
+FLASH_DECODE = Path(__file__).resolve().parent / "data" / "summary_only_flash_decode.json"  # medians only, no samples
 
 
 # ---- helpers --------------------------------------------------------------------------------------

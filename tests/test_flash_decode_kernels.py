@@ -12,34 +12,12 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
+from rank_jobs import flash_decode_job
 
 from taxes.kernels import flash_decode as fd
 from taxes.kernels.runtime import interpreting, launch
 
 pytestmark = pytest.mark.skipif(not interpreting(), reason="triton was imported before TRITON_INTERPRET was set")
-
-
-def _job(ctx, variant, signal, B, Hq, Hkv, D, S, dtype_name, calls=3, scale=1.0):
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
-    g = torch.Generator().manual_seed(100 + ctx.rank)
-    q = (torch.randn(B, Hq, D, generator=torch.Generator().manual_seed(7)) * scale).to(dtype)  # replicated
-    k = ctx.heap.alloc((B, Hkv, S, D), dtype)
-    v = ctx.heap.alloc((B, Hkv, S, D), dtype)
-    k.local.copy_(torch.randn(B, Hkv, S, D, generator=g).to(dtype))
-    v.local.copy_(torch.randn(B, Hkv, S, D, generator=g).to(dtype))
-    out = torch.empty(B, Hq, D, dtype=dtype)
-    run = fd.FlashDecode(ctx, B, Hq, Hkv, D, S, dtype, variant, fd.Config(block_n=16, signal=signal), wait_s=30)
-    ctx.barrier()
-    errors = []
-    for i in range(calls):
-        out.fill_(float("nan"))
-        run(q, k.local, v.local, out, traced=run.fused and i == 1)  # the traced build must agree too
-        run.check()
-        ctx.barrier()
-        ref = fd.reference(q, k.peers, v.peers)
-        errors.append(((out.float() - ref).norm() / ref.norm()).item())
-        ctx.barrier()
-    return errors, run.n_splits
 
 
 CASES = [("bsp", "flag"), ("bsp-graph", "flag"), ("fused-push", "flag"), ("fused-push", "data"),
@@ -52,7 +30,8 @@ CASES = [("bsp", "flag"), ("bsp-graph", "flag"), ("fused-push", "flag"), ("fused
 def test_variant_matches_float32_reference(variant, signal, world):
     # S = 40 is not a multiple of the 16-token block; 2 splits of 32 and 8 tokens (bsp-sdpa: PyTorch's
     # attention, on emulated ranks its float32 math path, then our all-gather and global combine)
-    results = launch(_job, world, variant, signal, 2, 8, 2, 64, 40, "bf16" if world == 1 else "fp16", timeout_s=300)
+    results = launch(flash_decode_job, world, variant, signal, 2, 8, 2, 64, 40, "bf16" if world == 1 else "fp16",
+                     timeout_s=300)
     for errors, splits in results:
         assert splits >= 2 or variant.startswith("bsp-sdpa")
         assert len(errors) == 3 and all(e < 1e-2 for e in errors), errors
@@ -178,7 +157,7 @@ def test_committed_tuned_table_covers_the_benchmark_shapes_with_valid_configs():
 @pytest.mark.slow
 def test_long_sequence_head_dim_128_and_peaked_scores():
     # many splits and a query scaled up so one token dominates: the rescaling must stay exact
-    results = launch(_job, 2, "fused-push", "flag", 1, 16, 2, 128, 200, "bf16", 2, 8.0, timeout_s=300)
+    results = launch(flash_decode_job, 2, "fused-push", "flag", 1, 16, 2, 128, 200, "bf16", 2, 8.0, timeout_s=300)
     for errors, splits in results:
         assert splits > 2
         assert all(e < 1e-2 for e in errors), errors
@@ -220,5 +199,6 @@ def test_bad_shapes_are_refused():
                     reason="needs 2 CUDA GPUs and TRITON_INTERPRET unset")
 def test_every_variant_on_two_gpus():
     for variant, signal in CASES:
-        results = launch(_job, 2, variant, signal, 4, 64, 8, 128, 4096, "bf16", backend="cuda", timeout_s=300)
+        results = launch(flash_decode_job, 2, variant, signal, 4, 64, 8, 128, 4096, "bf16", backend="cuda",
+                         timeout_s=300)
         assert all(e < 1e-2 for errors, _ in results for e in errors), (variant, signal, results)

@@ -110,7 +110,7 @@ def calibrated_hbm_bytes_per_us(hw):
 
 @given(workloads(), st.sampled_from(PROFILES))
 def test_locality_tax_is_intermediate_bytes_over_calibrated_bandwidth(w, hw_name):
-    """METHOD.md: locality = intermediate bytes (written + read) / calibrated HBM bandwidth."""
+    """docs/model.md: locality = intermediate bytes (written + read) / calibrated HBM bandwidth."""
     hw = BUILTIN[hw_name]
     splits = w.kv_splits(hw.sm_count) if w.name == "flash-decode" else None
     for pred in predict_all(w, hw):

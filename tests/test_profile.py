@@ -15,25 +15,12 @@ from pathlib import Path
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
+from committed import committed, result_documents
 
 from taxes.attribute import ROWS
 from taxes.results import load, validate
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMITTED = sorted(p for p in (ROOT / "reports").rglob("*.json*") if p.name.endswith((".json", ".json.gz")))
-
-
-def _profile_documents():
-    """The committed result documents (schema taxes.result), compressed or not."""
-    import gzip
-
-    out = []
-    for p in COMMITTED:
-        data = p.read_bytes()
-        head = (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)[:400]
-        if b'"taxes.result"' in head:
-            out.append(p)
-    return out
 
 
 TINY_AG = dict(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2, copiers=2, chunk_rows=8,
@@ -188,12 +175,12 @@ def test_report_reattributes_a_measured_document_from_its_stored_records(tmp_pat
         assert a["components_us"]["ideal"] != pytest.approx(b["components_us"]["ideal"])
         assert math.fsum(b["components_us"].values()) == pytest.approx(b["attributed_e2e_us"])
     model = subprocess.run([sys.executable, "-m", "taxes.cli.main", "report",
-                            str(ROOT / "reports" / "scaling" / "model_w2.json"), "--hardware", "h200-sxm"],
+                            str(committed("reports/scaling/model-w2.json.gz")), "--hardware", "h200-sxm"],
                            capture_output=True, text=True, timeout=120)
     assert model.returncode == 2 and "re-attributes measured documents" in model.stderr
 
 
-@pytest.mark.parametrize("path", _profile_documents(), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", result_documents(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_committed_documents_add_up_or_show_no_rows(path):
     doc = load(path)
     for case in doc["cases"]:

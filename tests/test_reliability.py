@@ -1,4 +1,4 @@
-"""Faults and bad input (issue 7): nothing hangs, nothing is lost, every error is one line saying what to do.
+"""Faults and bad input: nothing hangs, nothing is lost, every error is one line saying what to do.
 
 Kernel waits and rank failures run on emulated ranks (forked processes, Triton's interpreter); a few
 faults run a launcher in a subprocess and signal it. Files: a committed corpus of broken documents
@@ -499,7 +499,7 @@ def test_ag_gemm_memory_estimate_covers_what_the_kernel_allocates(monkeypatch, v
 
     M, N, K, p = 256, 128, 64, 2
     ctx = _FakeCtx(p)
-    a_full = ctx.heap.alloc((M, K), torch.bfloat16)  # the input every variant gets (benchmarks/ag_gemm.py)
+    a_full = ctx.heap.alloc((M, K), torch.bfloat16)  # the input every variant gets (taxes.cases)
     w, out = torch.empty(K, N // p, dtype=torch.bfloat16), torch.empty(M, N // p, dtype=torch.bfloat16)
     _count_private(monkeypatch, ctx)
     cfg = ag.Config(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2, copiers=1,

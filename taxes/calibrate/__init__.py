@@ -1,0 +1,27 @@
+"""`taxes calibrate`: measure this machine's hardware figures and save them as a hardware profile.
+
+What it measures (plan), on the devices (measurements, with the probes of kernels/probes.py), in one run
+on every GPU (run); what it derives from the readings (fits, derive); the profile it assembles from the
+figures and saves (assemble); what the command shows (present). Only the measuring needs GPUs; everything
+after it is plain functions of the readings, tested on CPU with synthetic ones.
+"""
+
+from taxes.calibrate.assemble import (
+    assemble_profile,
+    base_for_gpu,
+    check_profile_name,
+    gpu_summary,
+    read_progress,
+    run_metadata,
+    save_profile,
+)
+from taxes.calibrate.derive import derive_figures
+from taxes.calibrate.fits import CalibrationError
+from taxes.calibrate.plan import FIGURES, FULL, QUICK, Plan
+from taxes.calibrate.present import failure_lines, summary_rows
+from taxes.calibrate.run import NO_GPU, calibrate, calibrate_job, cuda_gpu_count, cuda_gpu_names, run_calibration
+
+__all__ = ["CalibrationError", "FIGURES", "FULL", "NO_GPU", "Plan", "QUICK", "assemble_profile", "base_for_gpu",
+           "calibrate", "calibrate_job", "check_profile_name", "cuda_gpu_count", "cuda_gpu_names", "derive_figures",
+           "failure_lines", "gpu_summary", "read_progress", "run_calibration", "run_metadata", "save_profile",
+           "summary_rows"]
