@@ -46,7 +46,7 @@ def test_model_table_every_workload_and_profile(capsys, name, hw):
     header = _table_row(out, "us per iteration")
     assert header == list(model_variants(name))
     w = make_workload(name, {}, 2)
-    e2e = [_num(c) for c in _table_row(out, "E2E")]
+    e2e = [_num(c) for c in _table_row(out, "E2E: predicted")]
     assert e2e == pytest.approx([predict(w, v, BUILTIN[hw]).e2e_us for v in model_variants(name)], abs=0.051)
     for title in COMPONENT_TITLES.values():
         assert len(_table_row(out, title)) == len(model_variants(name))
@@ -153,12 +153,12 @@ def test_report_html(capsys, doc_file, tmp_path):
 def test_report_md_json_table(capsys, doc_file):
     doc = results.load(doc_file)
     code, out, err = run_cli(["report", str(doc_file), "--format", "md"], capsys)
-    assert code == 0 and out.startswith("# taxes report")
+    assert code == 0 and out.startswith(f"# {doc['cases'][0]['workload']} on h200-sxm (model), world 2")
     code, out, err = run_cli(["report", str(doc_file), "--format", "json"], capsys)
     assert code == 0 and json.loads(out)["cases"][0]["workload"] == doc["cases"][0]["workload"]
     code, out, err = run_cli(["report", str(doc_file)], capsys)
     assert code == 0
-    e2e = [_num(c) for c in _table_row(out, "E2E")]
+    e2e = [_num(c) for c in _table_row(out, "E2E: predicted")]
     assert e2e == pytest.approx([v["e2e_us"]["median"] for v in doc["cases"][0]["variants"]], abs=0.051)
 
 
