@@ -146,6 +146,20 @@ def _die(message: str, code: int):
     _quiet_exit(code)
 
 
+def complete_workload(ctx, param, incomplete: str) -> list[str]:
+    """Shell completion of a WORKLOAD argument."""
+    from taxes.workloads import WORKLOADS
+
+    return [w for w in WORKLOADS if w.startswith(incomplete)]
+
+
+def complete_hardware(ctx, param, incomplete: str) -> list[str]:
+    """Shell completion of --hardware: built-in and saved profile names."""
+    from taxes.hardware import BUILTIN, saved_profiles
+
+    return [n for n in [*BUILTIN, *saved_profiles()] if n.startswith(incomplete)]
+
+
 FORCE_HELP = "Replace output files that already exist (without it, an existing file is an error)."
 OUTPUT_HELP = "Write the data here instead of stdout ('-' is stdout); written whole or not at all."
 
@@ -194,8 +208,8 @@ def cli():
 
 
 @cli.command()
-@click.argument("workload")
-@click.option("--hardware", "hardware_name", default="h200-sxm", show_default=True,
+@click.argument("workload", shell_complete=complete_workload)
+@click.option("--hardware", "hardware_name", default="h200-sxm", show_default=True, shell_complete=complete_hardware,
               help="Built-in or saved profile name, or a profile .json path (taxes hardware list).")
 @click.option("--world", type=int, default=2, show_default=True, help="Number of GPUs (ranks).")
 @click.option("--shape", default="", help="Dimensions, e.g. M=8192,N=8192,K=8192 (8K works too); unset ones take defaults.")
@@ -415,9 +429,12 @@ def report(results, fmt, output, force, hardware_name):
     if fmt == "json" and len(results) > 1:
         raise TaxesError(f"--format json writes one document back with its report; give one file, not {len(results)}")
     check_output(output, force)
+    from taxes.console import progress
+
     docs = []
     for path in results:
-        doc = load(path)
+        with progress(f"reading {path}"):
+            doc = load(path)
         if not doc["cases"]:
             raise TaxesError(f"{_escape(path)}: the document holds no cases")
         if hardware_name:

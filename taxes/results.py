@@ -122,17 +122,20 @@ def case_entry(workload, variants: list[dict]) -> dict:
 
 def summarize_samples(samples_us: list[list[float]], label: str = "measured") -> dict:
     """E2E per iteration is the slowest rank's time; report its interquartile mean (the statistic every
-    view prints), median and 10th/90th percentiles."""
-    from taxes.attribute import iqm
+    view prints), median and 10th/90th percentiles. (numpy: a document may hold millions of samples.)"""
+    import numpy as np
 
     if len({len(s) for s in samples_us}) > 1:
         raise ValueError(f"ranks have different numbers of samples: {[len(s) for s in samples_us]}")
-    per_iter = [max(vals) for vals in zip(*samples_us)] if samples_us else []
-    if not per_iter:
+    per_iter = np.asarray(samples_us, dtype=float).max(axis=0) if samples_us and samples_us[0] else np.zeros(0)
+    if not len(per_iter):
         return {"iqm": None, "median": None, "p10": None, "p90": None, "n": 0, "label": label}
-    s = pd.Series(per_iter, dtype=float)
-    return {"iqm": iqm(per_iter), "median": float(s.median()), "p10": float(s.quantile(0.1)),
-            "p90": float(s.quantile(0.9)), "n": len(per_iter), "label": label}
+    n = len(per_iter)
+    ranked = per_iter[np.lexsort((np.arange(n), per_iter))]  # as taxes.attribute.kept_iterations ranks them
+    kept = ranked[n // 4:n - n // 4]
+    p10, median, p90 = np.quantile(per_iter, [0.1, 0.5, 0.9])  # pandas' default: linear interpolation
+    return {"iqm": math.fsum(kept.tolist()) / len(kept), "median": float(median), "p10": float(p10),
+            "p90": float(p90), "n": n, "label": label}
 
 
 NO_ROWS = ("measured with per-phase CUDA events; its rows came from attribution rules since replaced, so none "
@@ -278,21 +281,31 @@ def _check_depth(doc, origin: str) -> None:
                     stack.append((v, depth + 1, f"{where}.{k}"))
                 elif type(v) is float and not math.isfinite(v):
                     _fail(origin, f"{where}.{k}", f"expected a finite number, found {v}")
-        elif isinstance(node, list):
-            if node and not _all_finite(node):
+        elif isinstance(node, list) and node:
+            numbers = _all_finite(node)
+            if numbers is None:  # not all numbers: look at each
                 for i, v in enumerate(node):
                     if type(v) is float and not math.isfinite(v):
                         _fail(origin, f"{where}[{i}]", f"expected a finite number, found {v}")
-            stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(node) if isinstance(v, (dict, list)))
+                stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(node) if isinstance(v, (dict, list)))
+            elif not numbers:
+                i = next(i for i, v in enumerate(node) if type(v) is float and not math.isfinite(v))
+                _fail(origin, f"{where}[{i}]", f"expected a finite number, found {node[i]}")
 
 
-def _all_finite(values: list) -> bool:
-    """True when the list holds no non-finite float (one C-speed pass for lists of numbers; False only
-    means: look item by item)."""
+def _all_finite(values: list) -> bool | None:
+    """For a list of numbers only: whether every one is finite (one C-speed pass). None when the list holds
+    anything else (strings, containers, null), which the caller then looks at item by item."""
     try:
-        return math.isfinite(math.fsum(values))
-    except (TypeError, ValueError, OverflowError):  # not all numbers, inf - inf, or a huge sum
-        return all(type(v) is not float or math.isfinite(v) for v in values)
+        if math.isfinite(math.fsum(values)):
+            return True
+    except TypeError:  # not all numbers
+        return None
+    except (ValueError, OverflowError):  # inf - inf, or a sum beyond the largest float
+        pass
+    if not all(isinstance(v, (int, float)) for v in values):
+        return None
+    return all(type(v) is not float or math.isfinite(v) for v in values)
 
 
 # ---- load / save ----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+from pathlib import Path
 import sys
 
 import pandas as pd
@@ -293,3 +294,60 @@ def test_subprocess_errors_are_one_line(tmp_path, args):
     lines = p.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("taxes: error: "), p.stderr
     assert "Traceback" not in p.stderr
+
+
+# ---- one console: numbers are never cut ------------------------------------------------------------
+
+
+def _taxes(args, columns=None, cwd=None):
+    """The installed command, stdout piped (not a terminal), COLUMNS as given."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TAXES_DEBUG")}
+    if columns:
+        env["COLUMNS"] = str(columns)
+    return subprocess.run([sys.executable, "-m", "taxes", *args], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=cwd)
+
+
+REAL_DOC = str(Path(__file__).resolve().parent.parent / "reports" / "ag_gemm" / "profile_N8192.json")
+
+
+@pytest.mark.parametrize("args", [["model", "ag-gemm", "--sweep", "M=1024:16384"], ["model", "tp-mlp"],
+                                  ["report", REAL_DOC], ["compare", REAL_DOC, REAL_DOC], ["hardware", "list"]],
+                         ids=["sweep", "model", "report", "compare", "hardware"])
+def test_no_number_is_cut_at_80_columns_or_piped(args):
+    folded = _taxes(args, columns=80)
+    whole = _taxes(args)
+    for p in (folded, whole):
+        assert p.returncode == 0, p.stderr
+        assert "…" not in p.stdout and "..." not in p.stdout
+    assert max(len(line) for line in folded.stdout.splitlines()) <= 80  # folded to the width
+    numbers = lambda text: sorted(re.findall(r"(?<![\w.,])[-+]?\d[\d,]*\.\d+(?:x|%)?", text))  # noqa: E731
+    assert numbers(folded.stdout) == numbers(whole.stdout)  # the same cells, whole, in both
+
+
+def test_sweep_cells_hold_the_models_numbers_at_80_columns():
+    from taxes.hardware import BUILTIN
+    from taxes.model import sweep
+
+    p = _taxes(["model", "ag-gemm", "--sweep", "M=1024:16384"], columns=80)
+    preds = sweep(make_workload("ag-gemm", {}, 2), "M", [1024, 2048, 4096, 8192, 16384], BUILTIN["h200-sxm"])
+    for ps in preds:
+        for pr in ps:
+            assert f"{pr.e2e_us:,.1f}" in p.stdout
+
+
+def test_profile_table_to_a_file_is_not_cut(capsys, monkeypatch):
+    """Defect: `taxes profile` printed its table through a console of the default 80 columns when stdout
+    was a file."""
+    import gzip
+
+    from taxes.cli.profile_cmd import _render
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    doc = results.loads(gzip.decompress((Path(__file__).parent / "data" / "documents" /
+                                         "emulated_ag_gemm.json.gz").read_bytes()).decode())
+    _render(doc, "table")
+    out = capsys.readouterr().out
+    assert "…" not in out and max(map(len, out.splitlines())) > 80
+    for v in doc["cases"][0]["variants"]:
+        assert f"{v['plain_e2e_us']:,.1f}" in out

@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from taxes.attribute import ROWS as COMPONENTS  # noqa: E402
+from taxes.sanitize import printable  # noqa: E402
 
 COMPONENT_TITLES = {
     "ideal": "ideal (floor)", "compute": "compute (no floor known)", "launch": "kernel-launch tax",
@@ -61,7 +62,13 @@ def fmt_of(path: str) -> str:
 
 def case_title(case: dict) -> str:
     shape = ", ".join(f"{k}={v}" for k, v in case["shape"].items())
-    return f"{case['workload']} ({shape}; world {case['world']}, {case['dtype']})"
+    return printable(f"{case['workload']} ({shape}; world {case['world']}, {case['dtype']})")
+
+
+def _name(text) -> str:
+    """A name from a document as chart text: printable, never a control character, and a '$' shown as
+    itself (matplotlib reads $...$ as math, which a hostile name could make fail)."""
+    return printable(text, 80).replace("$", r"\$")
 
 
 def overall_components(var: dict) -> dict[str, float]:
@@ -104,11 +111,11 @@ def stacked_bars_figure(case: dict):
             ax.plot([i - 0.3, i + 0.3], [e2e, e2e], color="black", linewidth=1.5)
             text += f"\nrows {v['attributed_e2e_us']:,.0f}"
         ax.text(i, max(up[i], e2e or 0.0), text, ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(x, [v["variant"] for v in variants], fontsize=8, rotation=20 if len(variants) > 3 else 0,
+    ax.set_xticks(x, [_name(v["variant"]) for v in variants], fontsize=8, rotation=20 if len(variants) > 3 else 0,
                   ha="right" if len(variants) > 3 else "center")
     ax.axhline(0, color="black", linewidth=0.5)
     ax.set_ylabel("time per iteration (us)")
-    ax.set_title(case_title(case), fontsize=9)
+    ax.set_title(_name(case_title(case)), fontsize=9)
     handles, _ = ax.get_legend_handles_labels()
     if any(v.get("attributed_e2e_us") is not None for v in variants):
         from matplotlib.lines import Line2D
@@ -143,7 +150,7 @@ def timeline_figure(case: dict):
     for var in case["variants"]:
         ranks = sorted({ph["rank"] for ph in var["phases"]})
         for r in ranks:
-            rows.append((f"{var['variant']} r{r}", [ph for ph in var["phases"] if ph["rank"] == r]))
+            rows.append((f"{_name(var['variant'])} r{r}", [ph for ph in var["phases"] if ph["rank"] == r]))
     fig, ax = plt.subplots(figsize=(10, 0.9 + 0.45 * max(1, len(rows))))
     for y, (label, phases) in enumerate(rows):
         t = 0.0
@@ -166,13 +173,13 @@ def timeline_figure(case: dict):
     ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("time from iteration start (us)")
-    ax.set_title(f"timeline: {case_title(case)}", fontsize=9)
+    ax.set_title(_name(f"timeline: {case_title(case)}"), fontsize=9)
     ax.autoscale_view()
     lo, hi = ax.get_xlim()
     px_per_us = ax.get_window_extent().width / max(hi - lo, 1e-9)
     for y, phases in labels:
         for ph in phases:
-            name = _fit_label(str(ph["name"]), (ph["end_us"] - ph["start_us"]) * px_per_us, 6, fig.dpi)
+            name = _fit_label(_name(ph["name"]), (ph["end_us"] - ph["start_us"]) * px_per_us, 6, fig.dpi)
             if name:
                 ax.text((ph["start_us"] + ph["end_us"]) / 2, y, name, ha="center", va="center", fontsize=6,
                         color="white", clip_on=True)
@@ -203,9 +210,9 @@ def predicted_vs_measured_figure(case: dict):
             ax.text(x, bottom, f"{bottom:.0f}", ha="center", va="bottom", fontsize=7)
             tops.append(bottom)
     ax.set_ylim(0, max(tops + [1.0]) * 1.15)
-    ax.set_xticks(range(len(variants)), [f"{v['variant']}\nmeasured | predicted" for v in variants], fontsize=7)
+    ax.set_xticks(range(len(variants)), [f"{_name(v['variant'])}\nmeasured | predicted" for v in variants], fontsize=7)
     ax.set_ylabel("time per iteration (us)")
-    ax.set_title(f"measured (left) and predicted (right, hatched): {case_title(case)}", fontsize=9)
+    ax.set_title(_name(f"measured (left) and predicted (right, hatched): {case_title(case)}"), fontsize=9)
     handles = [Patch(facecolor=COLORS[c], label=COMPONENT_TITLES[c]) for c in COMPONENTS]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
@@ -229,14 +236,14 @@ def cta_waits_figure(case: dict):
             ax.broken_barh([(s, e - s)], (i - 0.4, 0.8), facecolors="#4C72B0", linewidth=0)
             if w > 0:
                 ax.broken_barh([(s, w)], (i - 0.4, 0.8), facecolors=COLORS["sync_wait"], linewidth=0)
-        ax.set_title(f"{variant}: {name} ({len(rows)} CTAs)", fontsize=8)
+        ax.set_title(f"{_name(variant)}: {_name(name)} ({len(rows)} CTAs)", fontsize=8)
         ax.set_xlabel("us from the first CTA's start", fontsize=8)
         ax.set_ylabel("CTA", fontsize=8)
         ax.invert_yaxis()
     handles = [Patch(facecolor="#4C72B0", label="active"),
                Patch(facecolor=COLORS["sync_wait"], label="waiting on flags (total, drawn first)")]
     axes[0][-1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(case_title(case), fontsize=9)
+    fig.suptitle(_name(case_title(case)), fontsize=9)
     return fig
 
 
@@ -307,6 +314,6 @@ def sweep_figure(dim: str, values: list[int], e2e: dict[str, list[float]],
             ax.set_yscale("log")
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3, which="both")
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(_name(title), fontsize=10)
     fig.tight_layout()
     return fig

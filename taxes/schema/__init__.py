@@ -46,8 +46,13 @@ def _fast_ok(items: dict, instance: list) -> bool:
     if len(kinds) != 1 or kinds[0] not in _FAST_TYPES or set(items) - {"type", "minimum", "maximum", "maxLength"}:
         return False
     allowed = _FAST_TYPES[kinds[0]]
-    values = [x for x in instance if x is not None] if nullable else instance
-    if any(type(x) not in allowed for x in values):  # type(): bool is not int here
+    types = set(map(type, instance))  # type(): bool is not int here
+    if nullable and type(None) in types:
+        types.discard(type(None))
+        values = [x for x in instance if x is not None]
+    else:
+        values = instance
+    if not types <= set(allowed):
         return False
     if kinds[0] == "string":
         return "maxLength" not in items or not values or max(map(len, values)) <= items["maxLength"]
@@ -88,6 +93,8 @@ def _short(v) -> str:
     if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 10 ** 15:
         digits = len(str(abs(v)))  # JSON's reader refuses more than 4300 digits
         return f"{'-' if v < 0 else ''}1e{digits - 1} or so (a number of {digits} digits)"
+    if isinstance(v, float) and abs(v) >= 1e6:
+        return f"{v:g}"
     try:
         text = json.dumps(v) if not isinstance(v, str) else repr(v)
     except (RecursionError, ValueError, TypeError):
