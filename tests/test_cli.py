@@ -351,3 +351,19 @@ def test_profile_table_to_a_file_is_not_cut(capsys, monkeypatch):
     assert "…" not in out and max(map(len, out.splitlines())) > 80
     for v in doc["cases"][0]["variants"]:
         assert f"{v['plain_e2e_us']:,.1f}" in out
+
+
+def test_check_exits_1_when_a_check_fails(tmp_path):
+    """Defect: `taxes check` found failures and exited 0."""
+    import gzip
+
+    doc = results.loads(gzip.decompress((Path(__file__).parent / "data" / "documents" /
+                                         "emulated_ag_gemm.json.gz").read_bytes()).decode())
+    path = tmp_path / "run.json"
+    results.save(doc, path)
+    p = _taxes(["check", str(path)])
+    assert p.returncode == 1, p.stderr
+    assert "FAIL" in p.stdout and re.search(r"taxes check: \d+ failing check rows", p.stderr)
+    out = tmp_path / "checks.md"
+    p = _taxes(["check", str(path), "--all", "-o", str(out)])
+    assert p.returncode == 1 and p.stdout == "" and out.read_text().startswith("| check |")
