@@ -197,17 +197,16 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, 
     config = parse_config(config_text)
     if not emulate:
         gpus = _preflight(gpus, emulate)
-    else:
-        from taxes.workloads import parse_shape
-
-        parsed = [parse_shape(s) for s in shapes] or [{}]
-        config = emulation_config_for(workload, parsed, gpus) | config  # tiles that fit; the user's --config wins
-        note = _emulation_cost_note(workload, parsed, gpus)
+    chosen = [v for v in variants.split(",") if v] or None
+    job = plan(workload, list(shapes) or None, gpus, chosen, dtype, iters, warmup, emulate, wait_s, True, config,
+               rounds, clock)  # every input checked before anything runs
+    if emulate:
+        tiles = emulation_config_for(workload, job.shapes, gpus)
+        job = plan(workload, job.shapes, gpus, chosen, dtype, iters, warmup, emulate, wait_s, True,
+                   tiles | config, rounds, clock)  # tiles that fit the shape; the user's --config wins
+        note = _emulation_cost_note(workload, job.shapes, gpus)
         if note:
             say(note)
-    job = plan(workload, list(shapes) or None, gpus, [v for v in variants.split(",") if v] or None, dtype, iters,
-               warmup, emulate, wait_s, True, config, rounds, clock)
-    if emulate:
         _preflight(gpus, emulate)
         say("taxes: --emulate runs the kernels under Triton's interpreter: correctness only, its timings mean nothing")
     doc = run_profile(job, hw, emulate, timeout_s)

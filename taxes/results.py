@@ -370,7 +370,9 @@ def load(path: str | Path) -> dict:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise TaxesError(one_line(f"{path}: not a result document (not UTF-8 text)")) from None
-    return upgrade(loads(text, str(path)))
+    doc = loads(text, str(path))
+    doc.pop("report", None)  # what `taxes report --format json` added: derived, made again by whoever renders
+    return upgrade(doc)
 
 
 def dumps(doc: dict) -> str:

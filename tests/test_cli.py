@@ -367,3 +367,19 @@ def test_check_exits_1_when_a_check_fails(tmp_path):
     out = tmp_path / "checks.md"
     p = _taxes(["check", str(path), "--all", "-o", str(out)])
     assert p.returncode == 1 and p.stdout == "" and out.read_text().startswith("| check |")
+
+
+def test_report_takes_several_documents(capsys, tmp_path, model_doc):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    results.save(dict(model_doc, cases=model_doc["cases"][:1]), a)
+    results.save(dict(model_doc, cases=model_doc["cases"][1:2]), b)
+    code, out, err = run_cli(["report", str(a), str(b)], capsys)
+    assert code == 0, err
+    first, second = (f"{model_doc['cases'][i]['workload']} on h200-sxm (model), world 2" for i in (0, 1))
+    assert out.index(first) < out.index(second)
+    code, out, err = run_cli(["report", str(a), str(b), "--format", "md"], capsys)
+    assert code == 0 and out.count("## Summary") == 2
+    code, out, err = run_cli(["report", str(a), str(b), "--format", "html", "-o", str(tmp_path / "r.html")], capsys)
+    assert code == 0 and (tmp_path / "r.html").read_text().count('<section class="document">') == 2
+    code, out, err = run_cli(["report", str(a), str(b), "--format", "json"], capsys)
+    assert code == 2 and "give one file" in err

@@ -195,19 +195,21 @@ def predicted_vs_measured(case: dict, fmt: str = "png") -> bytes:
 
 
 def predicted_vs_measured_figure(case: dict):
-    """Per variant, two bars: measured (stacked by component) and the model's prediction (stacked)."""
+    """Per variant, two bars: the measured rows (stacked; their sum is the instrumented E2E, labelled
+    'rows') and the model's prediction (stacked, hatched, labelled 'model')."""
     variants = [v for v in case["variants"] if v.get("prediction") and overall_components(v)]
     fig, ax = plt.subplots(figsize=(1.6 + 1.6 * max(1, len(variants)), 4.2))
     tops = []
     for i, v in enumerate(variants):
-        for x, comps, hatch in ((i - 0.2, overall_components(v), None), (i + 0.2, v["prediction"]["components"], "//")):
+        for x, comps, hatch, what in ((i - 0.2, overall_components(v), None, "rows"),
+                                      (i + 0.2, v["prediction"]["components"], "//", "model")):
             bottom = 0.0
             for comp in COMPONENTS:
                 val = comps.get(comp, 0.0)
                 if val > 0:
                     ax.bar(x, val, 0.38, bottom=bottom, color=COLORS[comp], hatch=hatch, edgecolor="white", linewidth=0.3)
                     bottom += val
-            ax.text(x, bottom, f"{bottom:.0f}", ha="center", va="bottom", fontsize=7)
+            ax.text(x, bottom, f"{what}\n{bottom:,.0f}", ha="center", va="bottom", fontsize=6)
             tops.append(bottom)
     ax.set_ylim(0, max(tops + [1.0]) * 1.15)
     ax.set_xticks(range(len(variants)), [f"{_name(v['variant'])}\nmeasured | predicted" for v in variants], fontsize=7)

@@ -202,8 +202,8 @@ def _checks_text(frame) -> tuple[str, bool]:
     return f"{len(bad)} of {len(frame)} FAIL: {names}" + (" ..." if len(bad) > 4 else ""), True
 
 
-SUMMARY_HEADER = ["case", "best variant", "its E2E us", "vs bsp", "vs bsp-graph", "taxes of bsp (share of E2E)",
-                  "taxes left in the best", "checks"]
+SUMMARY_HEADER = ["case", "best variant", "its time us", "vs bsp", "vs bsp-graph", "taxes of bsp (share)",
+                  "taxes left in the best (share)", "checks"]
 
 
 def summary_rows(doc: dict) -> tuple[list[str], list[list[str]], list[bool]]:
