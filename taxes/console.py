@@ -87,10 +87,10 @@ def _cell_width(s: str) -> int:
 
 def print_table(console, title: str | None, header: list[str], rows: list[list[str]], *, left: int = 1,
                 row_styles: list[str | None] | None = None, cell_styles: dict | None = None,
-                caption: str | None = None) -> None:
+                caption: str | None = None, text_columns: tuple[int, ...] = ()) -> None:
     """A table whose cells are never cut: folded into several tables (each repeating the first `left`
-    columns) when it is wider than the console. The first `left` columns are left-aligned text, the
-    others right-aligned (numbers). cell_styles: {(row, column): style}."""
+    columns) when it is wider than the console. The first `left` columns and text_columns are
+    left-aligned text, the others right-aligned (numbers). cell_styles: {(row, column): style}."""
     header = [printable(h) for h in header]
     rows = [[printable(c) for c in r] for r in rows]
     widths = [max([_cell_width(h)] + [_cell_width(r[i]) for r in rows if i < len(r)]) + 3
@@ -110,10 +110,11 @@ def print_table(console, title: str | None, header: list[str], rows: list[list[s
         part = f" ({n + 1} of {len(groups)})" if len(groups) > 1 and title else ""
         _one_table(console, (title + part) if title else None, header, rows, keys + cols, len(keys), row_styles,
                    cell_styles, caption if n == len(groups) - 1 else None,
-                   [min(widths[i] - 3, max(8, limit // (3 * len(keys)))) for i in keys])
+                   [min(widths[i] - 3, max(8, limit // (3 * len(keys)))) for i in keys], text_columns)
 
 
-def _one_table(console, title, header, rows, cols, n_keys, row_styles, cell_styles, caption, key_min) -> None:
+def _one_table(console, title, header, rows, cols, n_keys, row_styles, cell_styles, caption, key_min,
+               text_columns) -> None:
     from rich.table import Table
     from rich.text import Text
 
@@ -121,7 +122,7 @@ def _one_table(console, title, header, rows, cols, n_keys, row_styles, cell_styl
               show_lines=False)
     for i in cols:
         # a cell wraps (at spaces first) only when one column is wider than the whole console
-        t.add_column(Text(header[i]), justify="left" if i < n_keys else "right", overflow="fold",
+        t.add_column(Text(header[i]), justify="left" if i < n_keys or i in text_columns else "right", overflow="fold",
                      min_width=key_min[i] if i < n_keys else None)
     for r, row in enumerate(rows):
         cells = []

@@ -223,7 +223,9 @@ def summary_rows(doc: dict) -> tuple[list[str], list[list[str]], list[bool]]:
                          f"{_fmt(e2e_of(best))} ({stat})", _ratio(e2e_of(bsp) if bsp else None, best),
                          _ratio(e2e_of(graph) if graph else None, best), _taxes_text(bsp), _taxes_text(best), check_text])
         failed.append(bad)
-    return SUMMARY_HEADER, rows, failed
+    # a column nothing fills (no bsp, no rows, no checks) says nothing: leave it out
+    keep = [i for i, h in enumerate(SUMMARY_HEADER) if i < 2 or any(r[i] not in ("-", "rows not available") for r in rows)]
+    return [SUMMARY_HEADER[i] for i in keep], [[r[i] for i in keep] for r in rows], failed
 
 
 def failed_checks(doc: dict) -> list[str]:
@@ -412,8 +414,9 @@ def render_terminal(doc: dict, console, head: bool = True) -> None:
             console.print(text(f"{mark}: {why}", _MARK_STYLE.get(mark)))
         header, rows, failed = summary_rows(doc)
         if rows:
-            print_table(console, "summary", header, rows, left=2,
-                        cell_styles={(i, 7): "bold red" for i, bad in enumerate(failed) if bad})
+            checks = header.index("checks") if "checks" in header else -1
+            print_table(console, "summary", header, rows, left=1, text_columns=(1,),
+                        cell_styles={(i, checks): "bold red" for i, bad in enumerate(failed) if bad})
         for line in failed_checks(doc):
             console.print(text(f"FAILED check: {line}", "bold red"))
     for case_name, tables in sections(doc):
@@ -541,8 +544,11 @@ def _environment():
 def html_view(doc: dict, images: bool = True) -> dict:
     """Everything the HTML template shows of one document."""
     header, rows, failed = summary_rows(doc)
+    checks = header.index("checks") if "checks" in header else -1
     return {"title": title(doc), "marks": marks(doc), "meta": _meta_line(doc), "legend": LEGEND,
-            "summary": {"header": header, "rows": rows, "failed": failed}, "failed_checks": failed_checks(doc),
+            "summary": {"header": header, "rows": rows, "fail_cells": {(i, checks): "fail" for i, bad in
+                                                                      enumerate(failed) if bad}},
+            "failed_checks": failed_checks(doc),
             "cases": [{"title": name, "tables": [{"title": t, "header": h, "rows": r} for t, h, r in tables],
                        "charts": charts(case) if images else []}
                       for case, (name, tables) in zip(doc["cases"], sections(doc))],
@@ -570,4 +576,4 @@ td:first-child,th:first-child{text-align:left}td:not(:first-child){white-space:n
 .meta{color:#555;font-size:13px}h2{margin-top:2em;border-bottom:1px solid #ddd}
 .mark{font-weight:bold;padding:0.4em 0.8em;margin:0.3em 0;border-radius:4px;background:#fff4e5;color:#8a4b00}
 .mark.EMULATED,.mark.PERTURBED{background:#fde8e8;color:#a00}.fail{color:#c00;font-weight:bold}
-.summary td:nth-child(2){font-weight:bold}.failed-checks li{color:#c00}"""
+table.summary td,table.summary th{text-align:left;white-space:normal}.summary td:nth-child(2){font-weight:bold}.failed-checks li{color:#c00}"""
