@@ -291,13 +291,38 @@ def test_report_json_round_trips(model_file, tmp_path, hostile_doc):
 # ---- traces ----------------------------------------------------------------------------------------
 
 
-def _tp_trace(tmp_path, mutate=None):
-    from test_analyze import tp_rank_trace, write_trace
+def _trace_events() -> list[dict]:
+    """Three profiled steps of a small program, as Kineto writes them: per step an op launching a GEMM
+    (runtime call, kernel, ac2g flow) and a CUDA graph replaying two kernels (one call, one flow start,
+    a flow end per kernel)."""
+    ev, corr = [], 100
+    for step in range(3):
+        t = 1000.0 * step
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1, "ts": t,
+                   "dur": 900.0})
+        ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t + 1, "dur": 20.0})
+        for api, kernels in (("cudaLaunchKernel", [("gemm_kernel", 50.0, 300.0)]),
+                             ("cudaGraphLaunch", [("gemm_kernel", 310.0, 500.0), ("add_kernel", 505.0, 520.0)])):
+            corr += 1
+            call_ts = t + (2.0 if api == "cudaLaunchKernel" else 30.0)
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": api, "pid": 1, "tid": 1, "ts": call_ts, "dur": 5.0,
+                       "args": {"correlation": corr}})
+            ev.append({"ph": "s", "cat": "ac2g", "name": "ac2g", "id": corr, "pid": 1, "tid": 1, "ts": call_ts})
+            for name, a, b in kernels:
+                ev.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": t + a, "dur": b - a,
+                           "args": {"correlation": corr, "stream": 7, "device": 0}})
+                ev.append({"ph": "f", "cat": "ac2g", "name": "ac2g", "id": corr, "pid": 0, "tid": 7, "ts": t + a, "bp": "e"})
+    return ev
 
-    tr = tp_rank_trace(0, world=1)
+
+def _tp_trace(tmp_path, mutate=None):
+    events = _trace_events()
     if mutate:
-        mutate(tr["doc"]["traceEvents"])
-    return write_trace(tr, tmp_path / "rank0.json")
+        mutate(events)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
 
 
 @pytest.mark.parametrize("text", ['{"traceEvents": []}', "[]", '{"traceEvents": [{"ph": "M", "name": "process_name"}]}',
