@@ -5,8 +5,6 @@ Registered in cli/main.py with `cli.add_command(calibrate)`. The measuring is in
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from taxes.errors import TaxesError
@@ -22,10 +20,12 @@ def _check_options(gpus, output, timeout_s, name, base_name):
     if timeout_s is not None and not timeout_s > 0:
         raise TaxesError(f"--timeout-s {timeout_s}: give a positive number of seconds")
     if output:
+        from taxes.io import check_output
+        from taxes.sanitize import path as shown
+
         if not output.lower().endswith(".json"):
-            raise TaxesError(f"-o {output}: a profile is a JSON file; name it *.json")
-        if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
-            raise TaxesError(f"-o {output}: its directory does not exist")
+            raise TaxesError(f"-o {shown(output)}: a profile is a JSON file; name it *.json")
+        check_output(output, True, "-o")  # a regular file in an existing directory (a calibration replaces it)
     if name is not None:
         check_profile_name(name)
     return get_profile(base_name) if base_name else None
@@ -48,6 +48,11 @@ def _check_options(gpus, output, timeout_s, name, base_name):
 def calibrate(gpus, base_name, name, output, quick, peaks, timeout_s):
     """Measure this machine's hardware profile (matrix peak, HBM and link bandwidth, link latency, NCCL's
     curve, launch costs, flag round trip, rank skew) and save it for `taxes model --hardware NAME`."""
+    from taxes.cli.profile_cmd import surely_no_gpu
+
+    if surely_no_gpu():  # known without importing torch, which takes seconds
+        raise TaxesError("calibrate needs CUDA GPUs and this machine has none; `taxes hardware list` shows the "
+                         "built-in and saved profiles that `taxes model` can use instead")
     base = _check_options(gpus, output, timeout_s, name, base_name)
     from taxes import calibrate as cal
 
@@ -69,17 +74,10 @@ def calibrate(gpus, base_name, name, output, quick, peaks, timeout_s):
     profile, raw = cal.run_calibration(world, base, quick, name, peaks, timeout_s or (150.0 if quick else 300.0))
     path = cal.save_profile(profile, output)
 
-    from rich.markup import escape
-    from rich.table import Table
+    from taxes.console import print_table, stdout_console
 
-    from taxes.cli.main import _stdout_console
-
-    t = Table(title=escape(f"{profile.name}: {profile.source}"), title_style="bold")
-    for h, j in (("figure", "left"), (base.name, "right"), ("calibrated", "right"), ("how", "left")):
-        t.add_column(escape(h), justify=j)
-    for row in cal.summary_rows(profile, base):
-        t.add_row(*(escape(c) for c in row))  # reasons can hold error text with [brackets]
-    _stdout_console().print(t)
+    print_table(stdout_console(), f"{profile.name}: {profile.source}", ["figure", base.name, "calibrated", "how"],
+                [list(row) for row in cal.summary_rows(profile, base)])
     for line in cal.failure_lines(raw):
         _say(f"taxes: calibrate: {line}; its figures keep {base.name}'s values")
     use = str(path) if output else profile.name
@@ -87,5 +85,7 @@ def calibrate(gpus, base_name, name, output, quick, peaks, timeout_s):
 
 
 def _say(line: str) -> None:
-    """One line on stderr (never wrapped: each message stays one line for scripts and logs)."""
-    click.echo(" ".join(line.split()), err=True)
+    """One line on stderr, sanitised (never wrapped: each message stays one line for scripts and logs)."""
+    from taxes.console import say
+
+    say(" ".join(line.split()))

@@ -34,20 +34,25 @@ def check_markdown(frame, failing_only: bool = True) -> str:
               help="Re-attribute the documents with this hardware profile first (measured times stay).")
 @click.option("--all", "show_all", is_flag=True, help="List every row, not only the failing ones.")
 @click.option("--strict", is_flag=True, help="Also fail documents from a dirty checkout or without rows.")
-def check_cmd(results, hardware_name, show_all, strict):
+@click.option("-o", "--output", help="Write the Markdown here instead of stdout ('-' is stdout).")
+@click.option("--force", is_flag=True, help="Replace an -o file that already exists.")
+def check_cmd(results, hardware_name, show_all, strict, output, force):
     """The method's checks on measured result documents: the rows add up to the E2E above them (0.1%),
     measuring cost at most 3% of plain E2E, unattributed within 5% of E2E, and launch + host_bound of the
     timeline against the E2E ladder bsp - graph within 20%. Exit 1 when any fails."""
     import pandas as pd
 
     from taxes.checks import checks_frame, provenance_problems
+    from taxes.io import check_output, write_output
     from taxes.results import load
+    from taxes.sanitize import path as shown
 
+    check_output(output, force)
     frames, problems = [], []
     for path in results:
         doc = load(path)
         if doc["metadata"].get("kind") != "profile":
-            raise TaxesError(f"{path}: checks need a measured document (taxes profile); this one is a "
+            raise TaxesError(f"{shown(path)}: checks need a measured document (taxes profile); this one is a "
                              f"{doc['metadata'].get('kind')}")
         if hardware_name:
             from taxes.hardware import get_profile
@@ -55,14 +60,21 @@ def check_cmd(results, hardware_name, show_all, strict):
 
             doc = reattribute(doc, get_profile(hardware_name))
         frames.append(checks_frame(doc))
-        problems += [f"{path}: {p}" for p in provenance_problems(doc)]
+        problems += [f"{shown(path)}: {p}" for p in provenance_problems(doc)]
     frame = pd.concat(frames, ignore_index=True) if frames else checks_frame({"cases": []})
     if frame.empty and not strict:
-        raise TaxesError("no checks: the documents hold no attributed variants")
-    if not frame.empty:
-        click.echo(check_markdown(frame, failing_only=not show_all))
+        raise TaxesError("no checks: the documents hold no attributed variants (measured under older rules? "
+                         "`taxes report` shows their E2E)")
+    text = check_markdown(frame, failing_only=not show_all) if not frame.empty else ""
     if strict:
-        for p in problems:
-            click.echo(f"strict: {p}")
-    if not bool(frame["ok"].all()) or (strict and problems):
+        from taxes.sanitize import markdown
+
+        text += "".join(f"strict: {markdown(p)}\n" for p in problems)
+    write_output(output, text, force)
+    failed = int((~frame["ok"]).sum()) if not frame.empty else 0
+    if failed or (strict and problems):
+        from taxes.console import say
+
+        say(f"taxes check: {failed} failing check row{'s' if failed != 1 else ''}"
+            + (f", {len(problems)} strict problem{'s' if len(problems) != 1 else ''}" if strict and problems else ""))
         raise SystemExit(1)

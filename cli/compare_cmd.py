@@ -3,25 +3,13 @@
 
 from __future__ import annotations
 
-import io
 import os
-import sys
 
 import click
 
 from taxes.errors import TaxesError
 
 COMPARE_FORMATS = ("table", "md", "junit", "json", "benchmark-json")
-
-
-def _write(path: str, data: str, force: bool) -> None:
-    """Atomically; an existing file only with --force; a failure is one line."""
-    from taxes.results import write_atomic, write_error
-
-    try:
-        write_atomic(path, data, overwrite=force)
-    except OSError as e:
-        raise write_error(path, e) from None
 
 
 def _append_step_summary(markdown: str) -> None:
@@ -33,17 +21,9 @@ def _append_step_summary(markdown: str) -> None:
         with open(path, "a", encoding="utf-8") as f:
             f.write(markdown + "\n")  # one write: the summary gets the whole section or nothing
     except OSError as e:
-        raise TaxesError(f"GITHUB_STEP_SUMMARY {path}: cannot append to it ({e.strerror or e})") from None
+        from taxes.sanitize import path as shown
 
-
-def _table_text(df) -> str:
-    from rich.console import Console
-
-    from taxes.compare import render_terminal
-
-    buf = io.StringIO()
-    render_terminal(df, Console(file=buf, width=200, color_system=None, highlight=False))
-    return buf.getvalue()
+        raise TaxesError(f"GITHUB_STEP_SUMMARY {shown(path)}: cannot append to it ({e.strerror or e})") from None
 
 
 @click.command("compare")
@@ -56,7 +36,7 @@ def _table_text(df) -> str:
                    "below which a significant change is called 'same'. Default: report only, exit 0.")
 @click.option("--format", "fmt", type=click.Choice(COMPARE_FORMATS), default="table", show_default=True,
               help="benchmark-json is github-action-benchmark's customSmallerIsBetter input.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the output here instead of stdout.")
+@click.option("-o", "--output", help="Write the output here instead of stdout ('-' is stdout).")
 @click.option("--confidence", default="95%", metavar="PCT", show_default=True, help="Of the bootstrap interval; 1 - it is the rank test's level.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Of the bootstrap resampling.")
 @click.option("--force", is_flag=True, help="Replace an -o file that already exists (without it, that is an error).")
@@ -66,6 +46,8 @@ def compare(paths, variant_pair, fail_above, fmt, output, confidence, seed, forc
     $GITHUB_STEP_SUMMARY when that is set. Exit 0, 1 (a significant slowdown beyond --fail-above) or 2
     (bad usage or input)."""
     from taxes import compare as cmp
+    from taxes.console import render_text, say, stdout_console
+    from taxes.io import STDOUT, check_output, write_output
     from taxes.results import load
 
     threshold = cmp.parse_threshold(fail_above) if fail_above is not None else 0.0
@@ -77,10 +59,7 @@ def compare(paths, variant_pair, fail_above, fmt, output, confidence, seed, forc
         raise TaxesError("one document given: add NEW.json, or --variants A,B to compare two of its variants")
     if len(paths) == 1 and pair[0] == pair[1]:
         raise TaxesError(f"--variants {variant_pair}: name two different variants to compare within one document")
-    if output and not os.path.isdir(os.path.dirname(os.path.abspath(output))):
-        raise TaxesError(f"{output}: its directory does not exist")
-    if output and os.path.lexists(output) and not force:  # before any work; write_atomic checks again
-        raise TaxesError(f"{output}: already exists; pass --force to replace it (or choose another name)")
+    check_output(output, force)  # before any work; the writer checks again
 
     base = load(paths[0])
     new = load(paths[1]) if len(paths) == 2 else base
@@ -89,31 +68,24 @@ def compare(paths, variant_pair, fail_above, fmt, output, confidence, seed, forc
         cmp.check_variants(base, new, pair, base_name, new_name)
         if len(paths) == 1:
             base_name, new_name = f"{paths[0]} {pair[0]}", f"{paths[0]} {pair[1]}"
-    df = cmp.compare_documents(base, new, variants=pair, threshold=threshold, confidence=conf, seed=seed,
-                               base_name=base_name, new_name=new_name)
+    from taxes.console import progress
+
+    with progress("comparing (rank tests and bootstrap intervals)"):
+        df = cmp.compare_documents(base, new, variants=pair, threshold=threshold, confidence=conf, seed=seed,
+                                   base_name=base_name, new_name=new_name)
 
     render = {"md": cmp.render_markdown, "junit": cmp.render_junit, "json": cmp.render_json,
               "benchmark-json": cmp.render_benchmark_json}
     if fmt != "table":
-        text = render[fmt](df)
-    elif output:
-        text = _table_text(df)
+        write_output(output, render[fmt](df), force)
+    elif output and output != STDOUT:
+        write_output(output, render_text(lambda c: cmp.render_terminal(df, c)), force)
     else:
-        text = None
-    if output:
-        _write(output, text, force)
-        click.echo(f"wrote {output}", err=True)
-    elif text is not None:
-        click.echo(text, nl=False)
-    else:
-        from rich.console import Console
-
-        cmp.render_terminal(df, Console(highlight=False, width=None if sys.stdout.isatty() else 200))
+        cmp.render_terminal(df, stdout_console())
     _append_step_summary(cmp.render_markdown(df))
 
     bad = cmp.regressions(df)
     if fail_above is not None and len(bad):
-        click.echo(f"taxes compare: {len(bad)} significant slowdown{'s' if len(bad) > 1 else ''} beyond "
-                   f"{threshold:+.1%}: " + "; ".join(f"{cmp.row_name(r)} {cmp.change_text(r['ratio'])}" for _, r in bad.iterrows()),
-                   err=True)
+        say(f"taxes compare: {len(bad)} significant slowdown{'s' if len(bad) > 1 else ''} beyond "
+            f"{threshold:+.1%}: " + "; ".join(f"{cmp.row_name(r)} {cmp.change_text(r['ratio'])}" for _, r in bad.iterrows()))
         click.get_current_context().exit(1)

@@ -1,9 +1,17 @@
-"""`taxes`: the command line. Each command is a thin layer over functions in taxes/."""
+"""`taxes`: the command line. Each command is a thin layer over functions in taxes/.
+
+The one error path: every failure a user can cause or meet ends as one line on stderr,
+`taxes: error: ...`, and exit code 2 (bad input, an unusable environment, a file that cannot be read or
+written, a full disk or closed stdout, too little memory, SIGTERM or SIGHUP); Ctrl-C exits 130. A bug in
+taxes is one line too (exit 2, TAXES_DEBUG=1 shows the traceback). Exit 1 is kept for verdicts: `taxes
+compare --fail-above` found a slowdown, `taxes check` found a failing check. Files are written whole or
+not at all (taxes.io), so a failure leaves nothing half-written.
+"""
 
 from __future__ import annotations
 
-import io
 import os
+import signal
 import sys
 
 import click
@@ -12,113 +20,181 @@ import taxes
 from taxes.errors import TaxesError
 
 FORMATS = ("table", "json", "md", "csv")
+COMPLETE_VAR = "_TAXES_COMPLETE"
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP reached the command (a BaseException, so no `except Exception` swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _install_signal_handlers() -> None:
+    """SIGTERM and SIGHUP end the command through the same path as an error: temporary files are removed
+    (taxes.io) and the ranks of a run are reaped. A forked child (emulated ranks) keeps the default
+    action: it dies at once, as before."""
+    main_pid = os.getpid()
+
+    def on_signal(signum, frame):
+        if os.getpid() != main_pid:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Terminated(signum)
+
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None and signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, on_signal)
+
+
+class _Passed(BaseException):
+    """An OSError or EOFError from a command, carried past click (which would turn a broken pipe into
+    exit 1 and let other OSErrors escape as tracebacks) to the one error path below."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(error)
+        self.error = error
 
 
 class TaxesGroup(click.Group):
-    """Every failure the user can fix ends as one line on stderr and exit code 2; never a traceback."""
+    """Every failure ends as one line on stderr and exit 2 (Ctrl-C: 130); never a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (OSError, EOFError) as e:
+            raise _Passed(e) from e
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if os.environ.get(complete_var or COMPLETE_VAR):  # shell completion: click answers and exits
+            return super().main(args=args, prog_name=prog_name or "taxes", complete_var=complete_var or COMPLETE_VAR,
+                                standalone_mode=True, **extra)
         args = list(sys.argv[1:] if args is None else args)
-        if not args:
-            click.echo(self.get_help(click.Context(self, info_name="taxes")))
-            sys.exit(0)
+        _install_signal_handlers()
+        code = 0
         try:
-            rv = super().main(args=args, prog_name=prog_name or "taxes", standalone_mode=False, **extra)
+            try:
+                if not args:
+                    click.echo(self.get_help(click.Context(self, info_name="taxes")))
+                else:
+                    rv = super().main(args=args, prog_name=prog_name or "taxes", standalone_mode=False, **extra)
+                    code = rv if isinstance(rv, int) else 0
+                sys.stdout.flush()  # here, inside the error path: a full disk met at exit would be a traceback
+            except _Passed as p:
+                raise p.error from None
         except click.exceptions.Exit as e:
-            sys.exit(e.exit_code)
-        except click.exceptions.Abort:
+            code = e.exit_code
+        except SystemExit as e:  # a verdict (exit 1)
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        except (click.exceptions.Abort, KeyboardInterrupt):
             _die("interrupted", 130)
+        except Terminated as e:
+            _die(f"stopped by {signal.Signals(e.signum).name}", 2)
         except click.ClickException as e:
             _die(e.format_message(), 2)
         except TaxesError as e:
             _die(str(e), 2)
-        except KeyboardInterrupt:
-            _die("interrupted", 130)
         except BrokenPipeError:
-            sys.stderr.close()  # the reader went away (e.g. `| head`); nothing more to say
-            sys.exit(0)
+            _quiet_exit(0)  # the reader went away (e.g. `| head`): nothing more to say
+        except MemoryError:
+            _die("out of memory: the input is too large for this machine's memory", 2)
+        except (OSError, EOFError) as e:  # a disk full, stdout closed or unwritable, a file system error
+            _die(_os_error_line(e), 2)
         except Exception as e:  # a bug in taxes: still one line, with the way to see more
             if os.environ.get("TAXES_DEBUG"):
                 raise
-            _die(f"internal error: {type(e).__name__}: {e} (set TAXES_DEBUG=1 for the traceback)", 1)
-        sys.exit(rv if isinstance(rv, int) else 0)
+            _die(f"internal error: {type(e).__name__}: {e} (set TAXES_DEBUG=1 for the traceback)", 2)
+        _quiet_exit(code)
 
 
-def _die(message: str, code: int):
-    text = " ".join(str(message).split())
-    click.echo(f"taxes: error: {text}", err=True)
+def _os_error_line(e: BaseException) -> str:
+    from taxes.sanitize import path
+
+    if not isinstance(e, OSError):
+        return f"unexpected end of input ({type(e).__name__})"
+    what = e.strerror or str(e)
+    if e.filename is not None:
+        return f"{path(e.filename)}: {what}"
+    return f"cannot write the output: {what}"
+
+
+def _quiet_exit(code: int):
+    """Exit without Python's own flush at shutdown raising again on a stdout that failed."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # whatever is left in the buffer goes nowhere
+    except (OSError, ValueError, AttributeError):
+        pass
     sys.exit(code)
 
 
-def _stderr_console():
-    from rich.console import Console
+def _die(message: str, code: int):
+    from taxes.sanitize import one_line
 
-    return Console(stderr=True, highlight=False)
+    text = one_line(" ".join(str(message).split()), limit=1000)
+    try:
+        sys.stderr.write(f"taxes: error: {text}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    _quiet_exit(code)
 
 
-def _stdout_console():
-    """Tables on stdout; when stdout is not a terminal, wide enough that no column is truncated."""
-    from rich.console import Console
+def complete_workload(ctx, param, incomplete: str) -> list[str]:
+    """Shell completion of a WORKLOAD argument."""
+    from taxes.workloads import WORKLOADS
 
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    return [w for w in WORKLOADS if w.startswith(incomplete)]
+
+
+def complete_hardware(ctx, param, incomplete: str) -> list[str]:
+    """Shell completion of --hardware: built-in and saved profile names."""
+    from taxes.hardware import BUILTIN, saved_profiles
+
+    return [n for n in [*BUILTIN, *saved_profiles()] if n.startswith(incomplete)]
 
 
 FORCE_HELP = "Replace output files that already exist (without it, an existing file is an error)."
+OUTPUT_HELP = "Write the data here instead of stdout ('-' is stdout); written whole or not at all."
 
 
-def _refuse_existing(paths, force: bool) -> None:
-    """Before any work: an existing output file is kept unless --force (one line naming it)."""
-    if force:
-        return
-    for path in filter(None, paths):
-        if os.path.lexists(path):
-            raise TaxesError(f"{path}: already exists; pass --force to replace it (or choose another name)")
+def _emit(data: str | bytes, output: str | None, force: bool = False) -> None:
+    """Data to -o FILE (atomically, regular files only) or to stdout."""
+    from taxes.io import write_output
 
-
-def _emit_file(path: str, data: str | bytes, force: bool = False) -> None:
-    """Write a file atomically; without force an existing file is refused (checked again as it is
-    published, so a file that appeared meanwhile is not clobbered); a failure is one line."""
-    from taxes.results import write_atomic, write_error
-
-    try:
-        write_atomic(path, data, overwrite=force)
-    except OSError as e:
-        raise write_error(path, e) from None
-    _stderr_console().print(f"wrote {_escape(path)}")
-
-
-def _emit(text: str | bytes, output: str | None, force: bool = False) -> None:
-    """Data to -o FILE (atomically) or to stdout."""
-    if output:
-        _emit_file(output, text, force)
-    else:
-        click.echo(text, nl=False)
+    write_output(output, data, force)
 
 
 def _escape(text) -> str:
-    """Text from files or the user, printed through rich: brackets are shown, not read as markup."""
-    from rich.markup import escape
+    """Text from files or the user for a one-line message: printable (taxes.sanitize)."""
+    from taxes.sanitize import printable
 
-    return escape(str(text))
-
-
-def _markup_safe(obj):
-    """A copy of a document whose strings (keys too) print as themselves through rich; names without
-    brackets (every name taxes writes) are unchanged."""
-    if isinstance(obj, dict):
-        return {(_escape(k) if isinstance(k, str) else k): _markup_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_markup_safe(v) for v in obj]
-    return _escape(obj) if isinstance(obj, str) else obj
+    return printable(text)
 
 
-def _table_text(render) -> str:
-    """Render rich output to plain text (for -o FILE)."""
-    from rich.console import Console
+def _table_text(draw) -> str:
+    """What draw(console) prints, as plain text without a width limit (for -o FILE)."""
+    from taxes.console import render_text
 
-    buf = io.StringIO()
-    render(Console(file=buf, width=160, color_system=None, highlight=False))
-    return buf.getvalue()
+    return render_text(draw)
+
+
+def _stdout_console():
+    from taxes.console import stdout_console
+
+    return stdout_console()
+
+
+def _stderr_console():
+    from taxes.console import stderr_console
+
+    return stderr_console()
 
 
 @click.group(cls=TaxesGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -132,22 +208,23 @@ def cli():
 
 
 @cli.command()
-@click.argument("workload")
-@click.option("--hardware", "hardware_name", default="h200-sxm", show_default=True,
+@click.argument("workload", shell_complete=complete_workload)
+@click.option("--hardware", "hardware_name", default="h200-sxm", show_default=True, shell_complete=complete_hardware,
               help="Built-in or saved profile name, or a profile .json path (taxes hardware list).")
 @click.option("--world", type=int, default=2, show_default=True, help="Number of GPUs (ranks).")
 @click.option("--shape", default="", help="Dimensions, e.g. M=8192,N=8192,K=8192 (8K works too); unset ones take defaults.")
 @click.option("--dtype", default="bf16", show_default=True, help="bf16 or fp16.")
 @click.option("--variant", "variants", multiple=True, help="Variant(s) to model (repeatable); default: all.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the data here instead of stdout.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Save a PNG: components per variant, or the sweep's lines.")
+@click.option("-o", "--output", help=OUTPUT_HELP)
+@click.option("--plot", help="Save a chart (*.png or *.svg): components per variant, or the sweep's lines.")
 @click.option("--sweep", help="Vary one dimension, doubling: e.g. M=1024:16384.")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 def model(workload, hardware_name, world, shape, dtype, variants, fmt, output, plot, sweep, force):
     """Predict E2E and the three taxes of WORKLOAD (ag-gemm, gemm-rs, flash-decode, tp-mlp) for every variant."""
     from taxes import model as m
     from taxes.hardware import get_profile
+    from taxes.io import STDOUT, check_output
     from taxes.reports import render
     from taxes.results import dumps, model_document, summary_frame
     from taxes.workloads import make_workload, model_variants, parse_shape
@@ -155,16 +232,15 @@ def model(workload, hardware_name, world, shape, dtype, variants, fmt, output, p
     known = model_variants(workload)  # tp-mlp has variants of its own
     for v in variants:
         if v not in known:
-            raise TaxesError(f"unknown variant {v!r}: the model knows {', '.join(known)}")
+            raise TaxesError(f"unknown variant {_escape(v)!r}: the model knows {', '.join(known)}")
     variants = tuple(dict.fromkeys(variants)) or known
-    if plot and not plot.lower().endswith(".png"):
-        raise TaxesError(f"--plot {plot}: the plot is a PNG file; name it *.png")
-    for path in filter(None, (plot, output)):
-        if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise TaxesError(f"{path}: its directory does not exist")
-    if plot and output and os.path.abspath(plot) == os.path.abspath(output):
-        raise TaxesError(f"{plot}: given as both -o and --plot; name two files")
-    _refuse_existing((output, plot), force)
+    plot_fmt = _plot_format(plot)
+    if plot and output and plot != STDOUT and os.path.abspath(plot) == os.path.abspath(output):
+        raise TaxesError(f"{_escape(plot)}: given as both -o and --plot; name two files")
+    if plot == STDOUT and output in (None, STDOUT):
+        raise TaxesError("--plot -: the chart would share stdout with the data; give -o FILE for the data")
+    check_output(output, force)
+    check_output(plot, force, "--plot")
     hw = get_profile(hardware_name)
     w = make_workload(workload, parse_shape(shape), world, dtype)
     if sweep:
@@ -177,25 +253,41 @@ def model(workload, hardware_name, world, shape, dtype, variants, fmt, output, p
     if fmt == "json":
         _emit(dumps(doc), output, force)
     elif fmt == "csv":
-        _emit(summary_frame(doc).to_csv(index=False), output, force)
+        from taxes.sanitize import csv_cell
+
+        _emit(summary_frame(doc).apply(lambda col: col.map(csv_cell)).to_csv(index=False), output, force)
     elif fmt == "md":
         _emit(_sweep_markdown(dim, values, preds) if sweep else render.render_markdown(doc), output, force)
     else:
-        err = _stderr_console()
-        err.print(f"[bold]taxes model[/bold] {w.name} on {_escape(hw.name)} ({_escape(hw.source)}), world {world}, "
-                  f"{dtype}: predicted, us per iteration")
-        safe = _markup_safe(doc)
-        draw = (lambda c: _sweep_terminal(dim, values, preds, c)) if sweep else (lambda c: render.render_terminal(safe, c))
-        if output:
+        from taxes.console import say
+
+        say(f"taxes model {w.name} on {hw.name} ({hw.source}), world {world}, {dtype}: predicted, us per iteration")
+        draw = (lambda c: _sweep_terminal(dim, values, preds, c)) if sweep else (lambda c: render.render_terminal(doc, c))
+        if output and output != STDOUT:
             _emit(_table_text(draw), output, force)
         else:
             draw(_stdout_console())
-        err.print(render.LEGEND)
+        say(render.LEGEND)
     if plot:
         from taxes.reports import plots
 
-        png = _sweep_png(dim, values, preds) if sweep else plots.stacked_bars(doc["cases"][0])
-        _emit_file(plot, png, force)
+        data = _sweep_chart(dim, values, preds, plot_fmt) if sweep else plots.stacked_bars(doc["cases"][0], plot_fmt)
+        _emit(data, plot, force)
+
+
+def _plot_format(plot: str | None) -> str | None:
+    from taxes.io import STDOUT
+
+    if plot is None:
+        return None
+    if plot == STDOUT:
+        return "png"
+    from taxes.reports.plots import fmt_of
+
+    try:
+        return fmt_of(plot)
+    except ValueError:
+        raise TaxesError(f"--plot {_escape(plot)}: the chart is a PNG or SVG file; name it *.png or *.svg") from None
 
 
 def _sweep_rows(dim, values, preds):
@@ -227,19 +319,13 @@ def _sweep_rows(dim, values, preds):
 
 
 def _sweep_terminal(dim, values, preds, console):
-    from rich.table import Table
-
+    from taxes.console import print_table
     from taxes.reports.plots import case_title
     from taxes.workloads import workload_dict
 
     w = preds[0][0].workload
     header, rows = _sweep_rows(dim, values, preds)
-    t = Table(title=f"sweep of {dim}: " + case_title(workload_dict(w)), title_style="bold")
-    for i, h in enumerate(header):
-        t.add_column(h, justify="right")
-    for r in rows:
-        t.add_row(*r)
-    console.print(t)
+    print_table(console, f"sweep of {dim}: " + case_title(workload_dict(w)), header, rows)
 
 
 def _sweep_markdown(dim, values, preds) -> str:
@@ -248,7 +334,7 @@ def _sweep_markdown(dim, values, preds) -> str:
     return md_table(*_sweep_rows(dim, values, preds)) + "\n"
 
 
-def _sweep_png(dim, values, preds) -> bytes:
+def _sweep_chart(dim, values, preds, fmt: str = "png") -> bytes:
     from taxes.reports.plots import case_title, sweep_lines
     from taxes.workloads import workload_dict
 
@@ -269,7 +355,8 @@ def _sweep_png(dim, values, preds) -> bytes:
             taxes_by.setdefault("best fused", {}).setdefault(tax, []).append(val)
     ratio = [e / b.e2e_us for e, b in zip(e2e["bsp"], best)] if "bsp" in variants and best else None
     w = preds[0][0].workload
-    return sweep_lines(dim, values, e2e, taxes_by, ratio, f"predicted, sweep of {dim}: {case_title(workload_dict(w))}")
+    return sweep_lines(dim, values, e2e, taxes_by, ratio, f"predicted, sweep of {dim}: {case_title(workload_dict(w))}",
+                       fmt)
 
 
 # ---- taxes hardware -------------------------------------------------------------------------------
@@ -283,21 +370,19 @@ def hardware():
 @hardware.command("list")
 def hardware_list():
     """List every profile with its headline figures."""
-    from rich.table import Table
-
+    from taxes.console import print_table
     from taxes.hardware import all_profiles
 
-    t = Table(title="hardware profiles", title_style="bold")
-    for h in ("name", "source", "bf16 TFLOP/s", "HBM GB/s", "link GB/s (peer / all)", "SMs", "description"):
-        t.add_column(h)
+    header = ["name", "source", "bf16 TFLOP/s", "HBM GB/s", "link GB/s (peer / all)", "SMs", "description"]
+    rows = []
     for name, (p, origin) in all_profiles().items():
         if p is None:
-            t.add_row(_escape(name), _escape(origin), "-", "-", "-", "-", "does not load: taxes hardware show " + _escape(name))
+            rows.append([name, origin, "-", "-", "-", "-", "does not load: taxes hardware show " + name])
             continue
-        t.add_row(_escape(name), _escape(origin if origin != "built-in" else p.source), f"{p.matrix_tflops.get('bf16', 0):,.0f}",
-                  f"{p.hbm_gbps:,.0f}", f"{p.peer_link_gbps:,.0f} / {p.injection_gbps:,.0f}", str(p.sm_count),
-                  _escape(p.description))
-    _stdout_console().print(t)
+        rows.append([name, origin if origin != "built-in" else p.source, f"{p.matrix_tflops.get('bf16', 0):,.0f}",
+                     f"{p.hbm_gbps:,.0f}", f"{p.peer_link_gbps:,.0f} / {p.injection_gbps:,.0f}", str(p.sm_count),
+                     p.description])
+    print_table(_stdout_console(), "hardware profiles", header, rows, left=2)
 
 
 @hardware.command("show")
@@ -312,63 +397,82 @@ def hardware_show(name, fmt):
 
     p = get_profile(name)
     if fmt == "json":
-        click.echo(json.dumps(profile_to_dict(p), indent=1))
+        _emit(json.dumps(profile_to_dict(p), indent=1) + "\n", None)
         return
-    from rich.table import Table
+    from taxes.console import print_table
 
-    t = Table(title=_escape(f"{p.name}: {p.description} ({p.source})"), title_style="bold")
-    t.add_column("figure")
-    t.add_column("value", justify="right")
-    for k, v in asdict(p).items():
-        if k in ("name", "description", "source", "extra"):
-            continue
-        t.add_row(k, _escape(", ".join(f"{d} {x:g}" for d, x in v.items())) if isinstance(v, dict) else f"{v:g}")
-    _stdout_console().print(t)
+    rows = [[k, ", ".join(f"{d} {x:g}" for d, x in v.items()) if isinstance(v, dict) else f"{v:g}"]
+            for k, v in asdict(p).items() if k not in ("name", "description", "source", "extra")]
+    print_table(_stdout_console(), f"{p.name}: {p.description} ({p.source})", ["figure", "value"], rows)
 
 
 # ---- taxes report ---------------------------------------------------------------------------------
 
 
 @cli.command()
-@click.argument("result", type=click.Path(dir_okay=False))
+@click.argument("results", nargs=-1, required=True, metavar="RESULT.json...")
 @click.option("--format", "fmt", type=click.Choice(("table", "md", "json", "html")), default="table", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report here instead of stdout.")
+@click.option("-o", "--output", help="Write the report here instead of stdout ('-' is stdout).")
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 @click.option("--hardware", "hardware_name", default=None,
               help="Re-attribute a profile with this hardware profile (e.g. a later calibration); measured times stay.")
-def report(result, fmt, output, force, hardware_name):
-    """Render a result document (from taxes profile or taxes model --format json)."""
+def report(results, fmt, output, force, hardware_name):
+    """Render result documents (from taxes profile, taxes model --format json or taxes analyze --format json),
+    verdict first. Several documents: one report after another (one HTML page); --format json writes the
+    document back with its report, so it takes one."""
+    from taxes.io import STDOUT, check_output
     from taxes.reports import render
     from taxes.results import load
 
     if fmt == "html" and not output:
-        raise TaxesError("--format html writes a file: give -o REPORT.html")
-    _refuse_existing((output,), force)
-    doc = load(result)
-    if not doc["cases"]:
-        raise TaxesError(f"{result}: the document holds no cases")
-    if hardware_name:
-        if doc["metadata"]["kind"] != "profile":
-            raise TaxesError(f"{result}: --hardware re-attributes measured documents; this one is a {doc['metadata']['kind']}")
-        from taxes.hardware import get_profile
-        from taxes.document import reattribute
+        raise TaxesError("--format html writes a file: give -o REPORT.html (or -o - for stdout)")
+    if fmt == "json" and len(results) > 1:
+        raise TaxesError(f"--format json writes one document back with its report; give one file, not {len(results)}")
+    check_output(output, force)
+    from taxes.console import progress
 
-        doc = reattribute(doc, get_profile(hardware_name))
+    docs = []
+    for path in results:
+        with progress(f"reading {path}"):
+            doc = load(path)
+        if not doc["cases"]:
+            raise TaxesError(f"{_escape(path)}: the document holds no cases")
+        if hardware_name:
+            if doc["metadata"]["kind"] != "profile":
+                raise TaxesError(f"{_escape(path)}: --hardware re-attributes measured documents; this one is a "
+                                 f"{doc['metadata']['kind']}")
+            from taxes.document import reattribute
+            from taxes.hardware import get_profile
+
+            doc = reattribute(doc, get_profile(hardware_name))
+        docs.append(doc)
     if fmt == "json":
-        _emit(render.render_json(doc), output, force)
+        _emit(render.render_json(docs[0]), output, force)
     elif fmt == "md":
-        _emit(render.render_markdown(doc), output, force)
+        _emit("\n".join(render.render_markdown(d) for d in docs), output, force)
     elif fmt == "html":
-        _emit(render.render_html(doc), output, force)
+        from taxes.console import progress
+
+        with progress("rendering the charts"):
+            page = render.render_html(docs)
+        _emit(page, output, force)
     else:
-        err = _stderr_console()
-        safe = _markup_safe(doc)
-        err.print(render._meta_line(safe))
-        if output:
-            _emit(_table_text(lambda c: render.render_terminal(safe, c)), output, force)
+        from taxes.console import say
+
+        for d in docs:
+            say(render._meta_line(d))
+
+        def draw(console):
+            for i, d in enumerate(docs):
+                if i:
+                    console.print()
+                render.render_terminal(d, console)
+
+        if output and output != STDOUT:
+            _emit(_table_text(draw), output, force)
         else:
-            render.render_terminal(safe, _stdout_console())
-        err.print(render.LEGEND)
+            draw(_stdout_console())
+        say(render.LEGEND)
 
 
 def _register() -> None:

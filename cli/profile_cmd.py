@@ -11,7 +11,29 @@ import click
 from taxes.errors import TaxesError
 
 
+def no_gpu_here() -> bool:
+    """True when this machine surely has no GPU a run could use, known without importing torch (which
+    takes seconds): no NVIDIA driver (/proc/driver/nvidia/gpus, /dev/nvidia*), no ROCm (/dev/kfd), or
+    CUDA_VISIBLE_DEVICES hiding every device. False means: ask torch."""
+    import glob
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
+        return True
+    nvidia = (os.path.isdir("/proc/driver/nvidia/gpus") and os.listdir("/proc/driver/nvidia/gpus")) or \
+        glob.glob("/dev/nvidia[0-9]*")
+    return not nvidia and not os.path.exists("/dev/kfd")
+
+
+def surely_no_gpu() -> bool:
+    """No GPU, decided without importing torch: only while torch is not loaded yet (once it is, asking it is
+    cheap and knows more)."""
+    return "torch" not in sys.modules and no_gpu_here()
+
+
 def _gpu_count() -> int:
+    if surely_no_gpu():
+        return 0
     try:
         import torch
 
@@ -33,8 +55,7 @@ def _preflight(gpus: int, emulate: bool) -> int:
         return int(os.environ["WORLD_SIZE"])
     have = _gpu_count()
     if have == 0:
-        raise TaxesError("profile: no CUDA GPU on this machine; use `taxes model` for predictions, or --emulate "
-                         "to check the kernels under Triton's interpreter (its timings mean nothing)")
+        raise TaxesError(NO_GPU)
     if have < gpus:
         raise TaxesError(f"profile: --gpus {gpus} asked for, this machine has {have}; use --gpus {have}, "
                          f"`taxes model --world {gpus}`, or --emulate")
@@ -52,20 +73,93 @@ def _write(doc: dict, output: str | None, force: bool) -> str | None:
 
     if output is None:
         return None
-    if os.path.isdir(output):  # a results directory: add a new file, never overwrite one
+    if os.path.isdir(output) and not os.path.islink(output):  # a results directory: add a new file, never overwrite one
         case = doc["cases"][0]
         stem = f"{case['workload']}_" + "_".join(f"{k}{v}" for k, v in case["shape"].items()) + f"_w{case['world']}"
         stem += f"_and_{len(doc['cases']) - 1}_more" if len(doc["cases"]) > 1 else ""
         return str(save_new(doc, output, stem))
-    try:
-        save(doc, output, overwrite=force)
-    except FileExistsError:
-        raise TaxesError(f"{output}: already exists; pass --force to replace it (or -o a directory)") from None
+    save(doc, output, overwrite=force)
     return output
 
 
+def _check_profile_output(output: str | None, force: bool) -> None:
+    """-o: a directory (a new file is added to it) or a file taxes may write (taxes.io); checked before the run."""
+    from taxes.io import STDOUT, check_output
+
+    if output == STDOUT:
+        raise TaxesError("-o -: the result document goes to a file or a directory; --format json prints the "
+                         "document with its report on stdout")
+    if output and os.path.isdir(output) and not os.path.islink(output):
+        return
+    check_output(output, force)
+
+
+def emulation_config(workload: str, shape: dict, world: int) -> dict:
+    """Tile sizes that fit a shape under Triton's interpreter, for --emulate: the GPU's tuned tiles (128 x 256,
+    16 copier CTAs of 132) fit neither small shapes nor the interpreter's 4 programs. Each block is the
+    largest of 64, 32, 16 that divides its dimension (the interpreter runs a tile as one numpy operation,
+    so larger tiles run faster), 2 copier CTAs of 4, chunks of at most 32 rows. --config overrides these."""
+    from taxes.workloads import DEFAULT_SHAPES
+
+    full = {**DEFAULT_SHAPES.get(workload, {}), **shape}
+
+    def block(n: int, sizes=(64, 32, 16)) -> int:
+        return next((b for b in sizes if n % b == 0), sizes[-1])
+
+    p = max(1, world)
+    if workload == "ag-gemm":
+        shard = full["M"] // p
+        return {"block_m": block(shard), "block_n": block(full["N"] // p), "block_k": block(full["K"]), "grid": 4,
+                "copiers": 2, "chunk_rows": block(shard, (32, 16, 8, 4, 2, 1))}
+    if workload == "gemm-rs":
+        return {"block_m": block(full["M"] // p), "block_n": block(full["N"]), "block_k": block(full["K"] // p),
+                "grid": 4}
+    if workload == "tp-mlp":
+        import math
+
+        shard = full["M"] // p
+        return {"block_m": block(shard), "block_n": block(math.gcd(full["H"], 2 * full["F"] // p)),
+                "block_k": block(math.gcd(full["H"], full["F"] // p)), "copiers": 2,
+                "chunk_rows": block(shard, (32, 16, 8, 4, 2, 1))}
+    if workload == "flash-decode":  # the last step of a split is masked: no divisibility needed
+        return {"block_n": max(16, min(64, 1 << (max(1, full["S"]).bit_length() - 1)))}
+    return {}
+
+
+def emulation_config_for(workload: str, shapes: list[dict], world: int) -> dict:
+    """One configuration for every shape of a run: the smallest of each tile (powers of two: a smaller one
+    divides whatever a larger one divides)."""
+    configs = [emulation_config(workload, s, world) for s in shapes or [{}]]
+    return {k: min(c[k] for c in configs) for k in configs[0]}
+
+
+def _emulation_cost_note(workload: str, shapes: list[dict], world: int) -> str | None:
+    """A warning when a shape is large for the interpreter (it runs each tile as numpy on the CPU)."""
+    from taxes.workloads import DEFAULT_SHAPES
+
+    for shape in shapes:
+        full = {**DEFAULT_SHAPES.get(workload, {}), **shape}
+        if workload in ("ag-gemm", "gemm-rs"):
+            work = full["M"] * full["N"] * full["K"] / world
+        elif workload == "tp-mlp":
+            work = full["M"] * full["H"] * full["F"] * 3 / world
+        else:
+            work = full["B"] * full["Hq"] * full["D"] * full["S"] * 64
+        if work > 2 ** 27:
+            return ("taxes: --emulate with this shape runs for many minutes under the interpreter; a shape like "
+                    + {"ag-gemm": "M=256,N=256,K=256", "gemm-rs": "M=256,N=256,K=256", "tp-mlp": "M=64,H=64,F=128",
+                       "flash-decode": "B=1,Hq=8,Hkv=2,D=64,S=256"}[workload] + " takes seconds")
+    return None
+
+
+def _complete_workload(ctx, param, incomplete):
+    from taxes.cli.main import complete_workload
+
+    return complete_workload(ctx, param, incomplete)
+
+
 @click.command("profile")
-@click.argument("workload")
+@click.argument("workload", shell_complete=_complete_workload)
 @click.option("--gpus", type=int, default=2, show_default=True, help="ranks, one per GPU (torchrun's WORLD_SIZE wins)")
 @click.option("--shape", "shapes", multiple=True, help="e.g. M=8192,N=8192,K=8192 (repeat for several cases; "
               "defaults per workload)")
@@ -84,18 +178,22 @@ def _write(doc: dict, output: str | None, force: bool) -> str | None:
 @click.option("--wait-s", type=float, default=5.0, show_default=True, help="budget of every in-kernel wait")
 @click.option("--timeout-s", type=float, default=600.0, show_default=True, help="the whole run's time limit")
 @click.option("--config", "config_text", default="", help="fused kernels' configuration overrides, e.g. block_n=128,copiers=16")
-@click.option("-o", "--output", default=None, help="result document path, or a directory to add a new one to")
+@click.option("-o", "--output", default=None, help="result document path, or a directory to add a new one to "
+              "(written whole or not at all; regular files only)")
 @click.option("--force", is_flag=True, help="overwrite an existing -o file")
 @click.option("--format", "fmt", type=click.Choice(["table", "md", "json", "html"]), default="table", show_default=True)
 @click.option("--strict", is_flag=True, help="refuse to run from a checkout with uncommitted changes (or of unknown commit)")
 def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, hardware_name, emulate, clock,
                 wait_s, timeout_s, config_text, output, force, fmt, strict):
     """Run every variant of WORKLOAD on this node's GPUs and split each one's time into the three taxes."""
+    from taxes.console import say
     from taxes.hardware import get_profile
+
+    _check_profile_output(output, force)
+    if not emulate and not _under_torchrun() and surely_no_gpu():  # before importing torch: that takes seconds
+        raise TaxesError(NO_GPU)
     from taxes.profiling import plan, run_profile
 
-    if output and os.path.exists(output) and not os.path.isdir(output) and not force:
-        raise TaxesError(f"{output}: already exists; pass --force to replace it (or -o a directory)")
     if strict:
         from taxes.provenance import collect
 
@@ -107,23 +205,35 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, 
     config = parse_config(config_text)
     if not emulate:
         gpus = _preflight(gpus, emulate)
-    job = plan(workload, list(shapes) or None, gpus, [v for v in variants.split(",") if v] or None, dtype, iters,
-               warmup, emulate, wait_s, True, config, rounds, clock)
+    chosen = [v for v in variants.split(",") if v] or None
+    job = plan(workload, list(shapes) or None, gpus, chosen, dtype, iters, warmup, emulate, wait_s, True, config,
+               rounds, clock)  # every input checked before anything runs
     if emulate:
+        tiles = emulation_config_for(workload, job.shapes, gpus)
+        job = plan(workload, job.shapes, gpus, chosen, dtype, iters, warmup, emulate, wait_s, True,
+                   tiles | config, rounds, clock)  # tiles that fit the shape; the user's --config wins
+        note = _emulation_cost_note(workload, job.shapes, gpus)
+        if note:
+            say(note)
         _preflight(gpus, emulate)
-        click.echo("taxes: --emulate runs the kernels under Triton's interpreter: correctness only, "
-                   "its timings mean nothing", err=True)
+        say("taxes: --emulate runs the kernels under Triton's interpreter: correctness only, its timings mean nothing")
     doc = run_profile(job, hw, emulate, timeout_s)
     if doc is None:  # a torchrun rank other than 0
         return
     path = _write(doc, output, force)
     _render(doc, fmt)
     if path:
-        click.echo(f"wrote {path}", err=True)
+        from taxes.io import announce_written
+
+        announce_written(path)
     failed = [v for c in doc["cases"] for v in c["variants"] if not v["correctness"].get("passed")]
     if failed:
         raise TaxesError(f"profile: {len(failed)} variant(s) failed: "
                          + "; ".join(f"{v['variant']}: {v['config'].get('error', 'wrong result')}" for v in failed))
+
+
+NO_GPU = ("profile: no CUDA GPU on this machine; use `taxes model` for predictions, or --emulate to check the "
+          "kernels under Triton's interpreter (its timings mean nothing)")
 
 
 def parse_config(text: str) -> dict:
@@ -139,18 +249,19 @@ def parse_config(text: str) -> dict:
 
 
 def _render(doc: dict, fmt: str) -> None:
-    from rich.console import Console
-
+    """The report of the run on stdout (tables at the terminal's width or, piped, their whole width)."""
+    from taxes.console import stdout_console
+    from taxes.io import write_stdout
     from taxes.reports import render
 
     if fmt == "table":
-        render.render_terminal(doc, Console(file=sys.stdout))
+        render.render_terminal(doc, stdout_console())
     elif fmt == "md":
-        click.echo(render.render_markdown(doc))
+        write_stdout(render.render_markdown(doc))
     elif fmt == "json":
-        click.echo(render.render_json(doc))
+        write_stdout(render.render_json(doc))
     else:
-        sys.stdout.write(render.render_html(doc))
+        write_stdout(render.render_html(doc))
 
 
 # ---- validate -------------------------------------------------------------------------------------
@@ -213,27 +324,28 @@ def validation_summary(rows: list[dict], hardware: str) -> dict:
 def _print_validation(rows: list[dict], summary: dict) -> None:
     from pathlib import Path
 
+    from taxes.console import print_table, say, stdout_console
     from taxes.model import TAXES
 
-    head = f"{'workload':<13}{'shape':<34}{'variant':<18}{'measured':>10}{'predicted':>10}{'error':>8}"
-    click.echo(head + "".join(f"{t[:12]:>14}" for t in TAXES))
-    for r in rows:
-        cells = "".join(f"{r[f'{t}_error_pct']:>+13.0f}%" if r.get(f"{t}_error_pct") is not None else f"{'-':>14}"
-                        for t in TAXES)
-        click.echo(f"{r['workload']:<13}{r['shape'][:33]:<34}{r['variant']:<18}{r['measured_e2e_us']:>10.1f}"
-                   f"{r['predicted_e2e_us']:>10.1f}{r['e2e_error_pct']:>+7.1f}%" + cells)
+    def tax_cell(r, t):
+        return f"{r[f'{t}_error_pct']:+.0f}%" if r.get(f"{t}_error_pct") is not None else "-"
+
+    print_table(stdout_console(), f"the model against measurement ({summary['hardware']})",
+                ["workload", "shape", "variant", "measured us", "predicted us", "error"] + [f"{t} error" for t in TAXES],
+                [[r["workload"], r["shape"], r["variant"], f"{r['measured_e2e_us']:,.1f}", f"{r['predicted_e2e_us']:,.1f}",
+                  f"{r['e2e_error_pct']:+.1f}%"] + [tax_cell(r, t) for t in TAXES] for r in rows], left=3)
     w = summary["worst"]
-    click.echo(f"E2E mean absolute percentage error {summary['e2e_mape_pct']:.1f}% over {summary['cases']} cases; "
-               f"worst {w['variant']} {w['shape']} ({w['e2e_error_pct']:+.1f}%)")
+    say(f"E2E mean absolute percentage error {summary['e2e_mape_pct']:.1f}% over {summary['cases']} cases; "
+        f"worst {w['variant']} {w['shape']} ({w['e2e_error_pct']:+.1f}%)")
     for tax, d in summary["per_tax"].items():
-        click.echo(f"{tax} tax: mean signed error {d['mean_signed_error_us']:+.1f} us ({d['mean_signed_error_pct']:+.0f}%), "
-                   f"mean absolute {d['mean_absolute_error_us']:.1f} us ({d['mean_absolute_error_pct']:.0f}%) over "
-                   f"{d['cases']} cases (predicted against measured rows)")
+        say(f"{tax} tax: mean signed error {d['mean_signed_error_us']:+.1f} us ({d['mean_signed_error_pct']:+.0f}%), "
+            f"mean absolute {d['mean_absolute_error_us']:.1f} us ({d['mean_absolute_error_pct']:.0f}%) over "
+            f"{d['cases']} cases (predicted against measured rows)")
     for c in summary.get("calibrations", []):
-        click.echo(f"with {c['profile']} ({Path(c['path']).name}): E2E MAPE {c['e2e_mape_pct']:.1f}% over {c['cases']} cases")
+        say(f"with {c['profile']} ({Path(c['path']).name}): E2E MAPE {c['e2e_mape_pct']:.1f}% over {c['cases']} cases")
     if summary.get("calibrations"):
         m = [c["e2e_mape_pct"] for c in summary["calibrations"]]
-        click.echo(f"E2E MAPE over {len(m)} calibrations: {min(m):.1f}% to {max(m):.1f}%")
+        say(f"E2E MAPE over {len(m)} calibrations: {min(m):.1f}% to {max(m):.1f}%")
 
 
 def _mape_per_calibration(from_docs, directory: str) -> list[dict]:
@@ -336,37 +448,49 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
     With --planted: the attribution against taxes of known size."""
     import json
 
+    from taxes.console import print_table, say, stdout_console
+    from taxes.io import announce_written, check_output, write_atomic, write_error, write_stdout
+
     if planted:
+        check_output(output, True, "-o")  # a known-answer file is replaced, as before
+        if not emulate and surely_no_gpu():
+            raise TaxesError(NO_GPU.replace("profile:", "validate:"))
         rows, path = run_planted(gpus, emulate, iters, clock, output, timeout_s, records)
         if fmt == "json":
-            click.echo(json.dumps(rows, indent=1))
+            write_stdout(json.dumps(rows, indent=1) + "\n")
         else:
             from taxes.planted import summary
 
-            click.echo(f"{'tax':<12}{'case':<44}{'planted':>10}{'recovered':>11}{'error':>8}  ok")
-            for r in rows:
-                err = f"{r['error_pct']:+.1f}%" if r["error_pct"] is not None else "-"
-                click.echo(f"{r['tax']:<12}{r['case'][:43]:<44}{r['planted_us']:>10.1f}{r['recovered_us']:>11.1f}"
-                           f"{err:>8}  {'yes' if r['ok'] else 'NO'}")
-            click.echo(summary(rows))
+            print_table(stdout_console(), "known answers", ["tax", "case", "planted us", "recovered us", "error", "ok"],
+                        [[r["tax"], r["case"], f"{r['planted_us']:.1f}", f"{r['recovered_us']:.1f}",
+                          f"{r['error_pct']:+.1f}%" if r["error_pct"] is not None else "-", "yes" if r["ok"] else "NO"]
+                         for r in rows], left=2)
+            say(summary(rows))
         if path:
-            click.echo(f"wrote {path}", err=True)
+            announce_written(path)
         return
 
-    from taxes.hardware import get_profile
+    if output and os.path.exists(output) and not os.path.isdir(output):
+        raise TaxesError(f"-o {_shown(output)}: validate writes a directory (result documents and validation.json)")
+    if not from_docs and not emulate and surely_no_gpu():
+        raise TaxesError(NO_GPU.replace("profile:", "validate:") + "; or --from RESULT.json to validate measured documents")
     from taxes.document import reattribute
-    from taxes.profiling import profile
-    from taxes.results import load, write_atomic
+    from taxes.hardware import get_profile
+    from taxes.results import load
 
     hw = get_profile(hardware_name)
     docs = [reattribute(load(p), hw) for p in from_docs]  # the same measurements, floors from this profile
     if not docs:
+        from taxes.profiling import profile
+
         world = _preflight(gpus, emulate)
         for wl in [w for w in workloads.split(",") if w]:
             if wl not in VALIDATE_GRID:
-                raise TaxesError(f"validate: no grid for workload {wl!r} (have {', '.join(VALIDATE_GRID)})")
-            for shape in VALIDATE_GRID[wl] if not emulate else VALIDATE_GRID[wl][:1]:
-                res = profile(wl, shape, world, None, "bf16", iters, 3, emulate, hw, timeout_s=timeout_s, progress=True)
+                raise TaxesError(f"validate: no grid for workload {_shown(wl)!r} (have {', '.join(VALIDATE_GRID)})")
+            for shape in VALIDATE_GRID[wl] if not emulate else EMULATE_GRID[wl]:
+                config = emulation_config(wl, _parse(shape), world) if emulate else None
+                res = profile(wl, shape, world, None, "bf16", iters, 3, emulate, hw, timeout_s=timeout_s, progress=True,
+                              config=config)
                 if res.document is None:
                     continue
                 docs.append(res.document)
@@ -382,9 +506,29 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
     if each_calibration:
         summary["calibrations"] = _mape_per_calibration(from_docs, each_calibration)
     if fmt == "json":
-        click.echo(json.dumps(summary, indent=1))
+        write_stdout(json.dumps(summary, indent=1, allow_nan=False) + "\n")
     else:
         _print_validation(rows, summary)
     if output:
         os.makedirs(output, exist_ok=True)
-        write_atomic(os.path.join(output, "validation.json"), json.dumps(summary, indent=1))
+        path = os.path.join(output, "validation.json")
+        try:
+            write_atomic(path, json.dumps(summary, indent=1, allow_nan=False) + "\n")
+        except OSError as e:
+            raise write_error(path, e) from None
+        announce_written(path)
+
+
+EMULATE_GRID = {"ag-gemm": ["M=64,N=64,K=32"], "flash-decode": ["B=1,Hq=8,Hkv=2,D=64,S=256"]}
+
+
+def _parse(shape: str) -> dict:
+    from taxes.workloads import parse_shape
+
+    return parse_shape(shape)
+
+
+def _shown(text) -> str:
+    from taxes.sanitize import printable
+
+    return printable(text)

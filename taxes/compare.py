@@ -1,26 +1,34 @@
 """Compare two result documents (two commits, two machines) or two variants of one document.
 
 Per case (workload, shape, dtype, world) and variant: the ratio of median E2E times new / base, a
-bootstrap confidence interval of that ratio, a rank test, and a verdict, so that noise is not called
-a regression.
+confidence interval of that ratio that counts the drift between blocks of a run, a rank test, and a
+verdict, so that noise, including the noise between two runs of the same code, is not called a regression.
 
 The statistics (docs/ci.md says the same for users):
 - Samples: a document holds per-rank, per-iteration times (`samples_us`); one iteration's E2E is the
-  slowest rank's time in it (METHOD.md), and the medians compared are medians of those E2E values.
+  slowest rank's time in it, and the medians compared are medians of those E2E values.
+- Blocks: `taxes profile` times every variant in `rounds` interleaved blocks of iterations (metadata
+  rounds and iterations). Two runs of the same code differ by more than the iterations of one block
+  suggest (clocks, placement, the host's state drift between blocks and between runs); the spread between
+  a run's own blocks is the part of that drift a single document shows. A document without blocks is one
+  block.
 - Ratio: median(new E2E) / median(base E2E); above 1 is slower.
-- Confidence interval: percentile bootstrap. Each side is resampled with replacement on its own
-  (n_resamples times, seeded), the ratio of the two resampled medians is taken each time, and the
-  interval is its (1-c)/2 and (1+c)/2 quantiles.
-- Rank test: two-sided Mann-Whitney U on the two sets of iteration E2Es, with numpy only: the normal
-  approximation of U with the tie correction of its variance and a 0.5 continuity correction
-  (conservative for small samples; fewer than MIN_SAMPLES iterations on a side gets no test at all).
-- Significant: p < 1 - c AND the interval excludes 1 (both must agree, which keeps noise out).
-- Verdict: "slower" when significant and ratio > 1 + threshold; "faster" when significant and
-  ratio < 1 / (1 + threshold) (the mirror image: base is more than threshold slower than new);
-  "same" otherwise (not significant, or inside the threshold). Two more verdicts for rows that get no
-  test: "no test" (a side has no per-iteration samples, e.g. model documents or documents holding
-  only e2e_us summaries: the ratio of the recorded medians is shown, never called significant) and
-  "not compared" (a side errored, failed its correctness check or has no time at all).
+- Confidence interval: a two-level (block, then iteration) percentile bootstrap. Each side is resampled on
+  its own, n_resamples times (seeded): blocks with replacement, then iterations with replacement within
+  each chosen block; the ratio of the two resampled medians is taken each time, and the interval is its
+  (1-c)/2 and (1+c)/2 quantiles. With one block it is the plain bootstrap of the iterations.
+- Rank test: two-sided Mann-Whitney U (scipy.stats.mannwhitneyu) on the two sets of iteration E2Es
+  (fewer than MIN_SAMPLES iterations on a side gets no test at all).
+- Significant: p < 1 - c AND the interval excludes 1 (both must agree).
+- Verdict: "slower" when significant and the whole interval lies above 1 + threshold: the slowdown is
+  confidently larger than the threshold, not merely its point estimate (back-to-back runs of one commit
+  differ by a few percent that no single run can see; a threshold met only by the point estimate would
+  fail builds on that). "faster" mirrors it (the interval below 1 / (1 + threshold)). "same" otherwise; a
+  significant change whose point estimate is beyond the threshold but whose interval is not says so in
+  its note. Two more verdicts for rows that get no test: "no test" (a side has no per-iteration samples,
+  e.g. model documents or documents holding only e2e_us summaries: the ratio of the recorded medians is
+  shown, never called significant) and "not compared" (a side errored, failed its correctness check or
+  has no time at all).
 """
 
 from __future__ import annotations
@@ -94,30 +102,62 @@ def iteration_e2e_us(samples_us: list[list[float]]) -> np.ndarray:
     return np.asarray(samples_us, dtype=float).max(axis=0)
 
 
+def blocks_of(n: int, timing: dict | None) -> list[int]:
+    """The sizes of the blocks a run timed its n iterations in: `rounds` interleaved blocks of
+    iterations // rounds (the first iterations % rounds one more), as taxes profile times them, when the
+    document says so and n matches; else one block."""
+    rounds, iterations = (timing or {}).get("rounds"), (timing or {}).get("iterations")
+    if not isinstance(rounds, int) or not isinstance(iterations, int) or iterations != n or not 2 <= rounds <= n:
+        return [n]
+    return [n // rounds + (1 if r < n % rounds else 0) for r in range(rounds)]
+
+
 def rank_test_p(a, b) -> float:
-    """Two-sided Mann-Whitney U p-value: normal approximation, tie-corrected variance, continuity
-    correction 0.5. 1.0 when the pooled values are all equal (no evidence of a shift)."""
+    """Two-sided Mann-Whitney U p-value (scipy.stats.mannwhitneyu: exact for small samples without ties,
+    else the normal approximation with tie correction and continuity correction). 1.0 when the pooled
+    values are all equal (no evidence of a shift) or a side is empty."""
+    from scipy.stats import mannwhitneyu
+
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    n1, n2 = len(a), len(b)
-    if n1 == 0 or n2 == 0:
+    if len(a) == 0 or len(b) == 0 or np.ptp(np.concatenate([a, b])) == 0:
         return 1.0
-    _, inverse, counts = np.unique(np.concatenate([a, b]), return_inverse=True, return_counts=True)
-    # tied values share the mean of the 1-based positions they occupy: last position - (count - 1) / 2
-    mean_rank = np.cumsum(counts) - (counts - 1) / 2.0
-    u1 = mean_rank[inverse][:n1].sum() - n1 * (n1 + 1) / 2.0
-    n = n1 + n2
-    tie_term = float((counts.astype(float) ** 3 - counts).sum()) / (n * (n - 1))
-    var = n1 * n2 / 12.0 * ((n + 1) - tie_term)
-    if var <= 0:
-        return 1.0
-    z = max(0.0, abs(u1 - n1 * n2 / 2.0) - 0.5) / math.sqrt(var)
-    return min(1.0, math.erfc(z / math.sqrt(2.0)))
+    return float(min(1.0, mannwhitneyu(a, b, alternative="two-sided").pvalue))
 
 
-def bootstrap_medians(x_us: np.ndarray, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """Medians of n_resamples resamples of x with replacement (same size as x)."""
-    idx = rng.integers(0, len(x_us), size=(n_resamples, len(x_us)))
-    return np.median(x_us[idx], axis=1)
+WORK_PER_SIDE = 10_000_000  # resampled values per side and row: bounds time and memory on huge documents
+CHUNK_VALUES = 4_000_000  # resampled values held at once
+
+
+def resamples_for(n_values: int, n_resamples: int) -> int:
+    """How many resamples a side of n_values gets: n_resamples, fewer (at least 100) when that would
+    resample more than WORK_PER_SIDE values."""
+    return max(min(n_resamples, 100), min(n_resamples, WORK_PER_SIDE // max(1, n_values)))
+
+
+def bootstrap_medians(x_us: np.ndarray, n_resamples: int, rng: np.random.Generator,
+                      blocks: list[int] | None = None) -> np.ndarray:
+    """Medians of n_resamples two-level resamples of x (blocks with replacement, then iterations with
+    replacement within each chosen block; the resample has as many blocks as x). One block: the plain
+    bootstrap of x. Computed in chunks, so memory stays bounded whatever the size of x."""
+    blocks = blocks or [len(x_us)]
+    width = max(blocks)
+    per = max(1, CHUNK_VALUES // (len(blocks) * width))
+    return np.concatenate([_medians(x_us, min(per, n_resamples - i), rng, blocks)
+                           for i in range(0, n_resamples, per)])
+
+
+def _medians(x_us: np.ndarray, n: int, rng: np.random.Generator, blocks: list[int]) -> np.ndarray:
+    if len(blocks) == 1:
+        idx = rng.integers(0, len(x_us), size=(n, len(x_us)))
+        return np.median(x_us[idx], axis=1)
+    k, width = len(blocks), max(blocks)
+    starts = np.concatenate([[0], np.cumsum(blocks)[:-1]])
+    sizes = np.asarray(blocks)
+    chosen = rng.integers(0, k, size=(n, k))  # which blocks
+    pos = np.floor(rng.random((n, k, width)) * sizes[chosen][..., None]).astype(int)  # which iterations
+    vals = x_us[starts[chosen][..., None] + pos]
+    vals[np.arange(width)[None, None, :] >= sizes[chosen][..., None]] = np.nan  # a shorter block draws fewer
+    return np.nanmedian(vals.reshape(n, -1), axis=1)
 
 
 def interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
@@ -125,10 +165,11 @@ def interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def verdict_of(ratio: float, significant: bool, threshold: float) -> str:
-    if significant and ratio > 1 + threshold:
+def verdict_of(ci_low: float, ci_high: float, significant: bool, threshold: float) -> str:
+    """slower / faster only when significant and the whole interval lies beyond the threshold."""
+    if significant and ci_low > 1 + threshold:
         return "slower"
-    if significant and ratio < 1 / (1 + threshold):
+    if significant and ci_high < 1 / (1 + threshold):
         return "faster"
     return "same"
 
@@ -164,8 +205,10 @@ def _median_of(var: dict, state: str) -> float:
 
 
 def compare_pair(base_var: dict, new_var: dict, *, threshold: float, confidence: float,
-                 rng: np.random.Generator, n_resamples: int = N_RESAMPLES) -> dict:
-    """The statistics of one (base, new) pair of variant entries, as a row without the case keys."""
+                 rng: np.random.Generator, n_resamples: int = N_RESAMPLES, base_timing: dict | None = None,
+                 new_timing: dict | None = None) -> dict:
+    """The statistics of one (base, new) pair of variant entries, as a row without the case keys.
+    base_timing / new_timing: each document's metadata (rounds, iterations), for the blocks."""
     (bs, bnote), (ns, nnote) = variant_state(base_var), variant_state(new_var)
     row = dict.fromkeys(COLUMNS[7:], math.nan)
     row.update(n_base=0, n_new=0, significant=False, note="")
@@ -186,8 +229,9 @@ def compare_pair(base_var: dict, new_var: dict, *, threshold: float, confidence:
     row.update(n_base=len(base), n_new=len(new))
     if min(len(base), len(new)) < MIN_SAMPLES:
         return row | {"verdict": "no test", "note": f"fewer than {MIN_SAMPLES} iterations: no test" + label_note}
-    base_meds = bootstrap_medians(base, n_resamples, rng)
-    new_meds = bootstrap_medians(new, n_resamples, rng)
+    reps = resamples_for(max(len(base), len(new)), n_resamples)
+    base_meds = bootstrap_medians(base, reps, rng, blocks_of(len(base), base_timing))
+    new_meds = bootstrap_medians(new, reps, rng, blocks_of(len(new), new_timing))
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = new_meds / base_meds
     if not np.all(np.isfinite(ratios)):  # a resampled base median of 0: no interval to speak of
@@ -197,8 +241,13 @@ def compare_pair(base_var: dict, new_var: dict, *, threshold: float, confidence:
     row["p_value"] = rank_test_p(base, new)
     significant = row["p_value"] < 1 - confidence and not (row["ci_low"] <= 1 <= row["ci_high"])
     row["significant"] = bool(significant)
-    row["verdict"] = verdict_of(row["ratio"], significant, threshold)
-    row["note"] = label_note.strip(" ()")
+    row["verdict"] = verdict_of(row["ci_low"], row["ci_high"], significant, threshold)
+    notes = [label_note.strip(" ()")] if label_note else []
+    if reps < n_resamples:
+        notes.append(f"{reps} resamples (many iterations)")
+    if row["verdict"] == "same" and significant and not 1 / (1 + threshold) <= row["ratio"] <= 1 + threshold:
+        notes.append(f"significant, but its interval reaches inside {threshold:+.1%}: not called")
+    row["note"] = "; ".join(notes)
     return row
 
 
@@ -269,7 +318,8 @@ def compare_documents(base: dict, new: dict, *, variants: tuple[str, str] | None
                 unmatched.append(f"{label}: {', '.join(missing)}")
                 continue
             stats = compare_pair(base_vars[a], new_vars[b], threshold=threshold, confidence=confidence, rng=rng,
-                                 n_resamples=n_resamples)
+                                 n_resamples=n_resamples, base_timing=base.get("metadata"),
+                                 new_timing=new.get("metadata"))
             # names come from the documents: one printable line each, safe in every output format
             rows.append({"workload": case["workload"], "shape": one_line(_shape_text(case)), "dtype": one_line(case["dtype"]),
                          "world": case["world"], "variant": one_line(b if a == b else f"{b} vs {a}"),
@@ -335,9 +385,9 @@ def method_line(df: pd.DataFrame) -> str:
     a = df.attrs
     conf, thr = a.get("confidence", 0.95), a.get("threshold", 0.0)
     return (f"change = median(new) / median(base) - 1 of per-iteration E2E (slowest rank); significant when the "
-            f"Mann-Whitney p < {1 - conf:.2g} and the {conf:.0%} bootstrap CI ({a.get('n_resamples', N_RESAMPLES)} "
-            f"resamples, seed {a.get('seed', 0)}) excludes 0; "
-            + (f"slower/faster only beyond {thr:+.1%}" if thr else "every significant change is called"))
+            f"Mann-Whitney p < {1 - conf:.2g} and the {conf:.0%} bootstrap CI (blocks of the run, then iterations; "
+            f"{a.get('n_resamples', N_RESAMPLES)} resamples, seed {a.get('seed', 0)}) excludes 0; "
+            + (f"slower/faster only when the whole CI lies beyond {thr:+.1%}" if thr else "every significant change is called"))
 
 
 # ---- renderers ------------------------------------------------------------------------------------
@@ -346,50 +396,54 @@ _STYLE = {"slower": "bold red", "faster": "green", "same": "", "no test": "yello
 
 
 def render_terminal(df: pd.DataFrame, console) -> None:
-    """A rich table, then the summary, the method and the unmatched cases."""
-    from rich.table import Table
-    from rich.text import Text
+    """A table (folded to the console's width, never cut), then the summary, the method and the unmatched
+    cases; every string from the documents printed as text (taxes.console)."""
+    from taxes.console import print_table, text
 
     a = df.attrs
     header, rows = table_rows(df)
-    t = Table(title=Text(f"taxes compare: {a.get('new', 'NEW')} against {a.get('base', 'BASE')}"), title_style="bold")
-    for i, h in enumerate(header):
-        t.add_column(h, justify="right" if 5 <= i <= 9 else "left", no_wrap=i < 11)
-    for row in rows:
-        t.add_row(*[Text(c) for c in row], style=_STYLE[row[10]] or None)
-    console.print(t)
-    console.print(Text(summary_line(df)))
-    console.print(Text(method_line(df)), style="dim")
+    print_table(console, f"taxes compare: {a.get('new', 'NEW')} against {a.get('base', 'BASE')}", header, rows,
+                left=5, row_styles=[_STYLE[r[10]] or None for r in rows])
+    console.print(text(summary_line(df)))
+    console.print(text(method_line(df), "dim"))
     for line in a.get("unmatched", []):
-        console.print(Text("unmatched: " + line), style="yellow")
+        console.print(text("unmatched: " + line, "yellow"))
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-    lines = ["| " + " | ".join(esc(h) for h in header) + " |",
+    """Cells through taxes.sanitize.markdown; the verdict's emphasis (**slower**) is added after."""
+    from taxes.sanitize import markdown
+
+    lines = ["| " + " | ".join(markdown(h) for h in header) + " |",
              "|" + "|".join("---:" if 5 <= i <= 9 else "---" for i in range(len(header))) + "|"]
-    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+    for row in rows:
+        cells = [markdown(c) for c in row]
+        if row[10] in ("slower", "faster"):
+            cells[10] = f"**{cells[10]}**"
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def render_markdown(df: pd.DataFrame) -> str:
     """A section fit for a CI job summary: the headline, the table, the method, the unmatched cases."""
+    from taxes.sanitize import markdown
+
     a = df.attrs
     bad = regressions(df)
     thr = a.get("threshold", 0.0)
     if len(bad):
         headline = f"**{len(bad)} significant slowdown{'s' if len(bad) > 1 else ''} beyond {thr:+.1%}:** " + \
-                   ", ".join(f"{row_name(r)} ({change_text(r['ratio'])})" for _, r in bad.iterrows())
+                   ", ".join(markdown(f"{row_name(r)} ({change_text(r['ratio'])})") for _, r in bad.iterrows())
     else:
         headline = f"No significant slowdown beyond {thr:+.1%}." if thr else "No significant slowdown."
     header, rows = table_rows(df)
-    rows = [r[:10] + [f"**{r[10]}**" if r[10] in ("slower", "faster") else r[10]] + r[11:] for r in rows]
-    out = [f"## taxes compare: `{a.get('new', 'NEW')}` against `{a.get('base', 'BASE')}`", "", headline, "",
-           summary_line(df), "", _md_table(header, rows), "", f"<sub>{method_line(df)}</sub>", ""]
+    out = [f"## taxes compare: {markdown(a.get('new', 'NEW'))} against {markdown(a.get('base', 'BASE'))}", "",
+           headline, "",
+           markdown(summary_line(df)), "", _md_table(header, rows), "", f"<sub>{markdown(method_line(df))}</sub>", ""]
     unmatched = a.get("unmatched", [])
     if unmatched:
         out += [f"<details><summary>{len(unmatched)} unmatched</summary>", ""]
-        out += [f"- {line}" for line in unmatched] + ["", "</details>", ""]
+        out += [f"- {markdown(line)}" for line in unmatched] + ["", "</details>", ""]
     return "\n".join(out)
 
 

@@ -164,12 +164,17 @@ _FRACTIONS = [n for n in _NUMBER_FIELDS if n.endswith("_efficiency")]
 
 
 def profile_dirs() -> list[Path]:
-    """Where saved (calibrated) profiles are looked up by name, first hit wins."""
+    """Where saved (calibrated) profiles are looked up by name, first hit wins: TAXES_PROFILE_DIR, the
+    user's saved profiles, those shipped with the package, then the calibrations committed to a checkout
+    (reports/calibration of the working directory, and of the checkout taxes runs from)."""
     dirs = []
     if os.environ.get("TAXES_PROFILE_DIR"):
         dirs.append(Path(os.environ["TAXES_PROFILE_DIR"]))
     dirs.append(Path.home() / ".config" / "taxes" / "profiles")
     dirs.append(Path(__file__).parent / "profiles")  # calibrated profiles shipped with the package
+    for root in (Path.cwd(), Path(__file__).resolve().parent.parent):
+        if (root / "reports" / "calibration").is_dir() and root / "reports" / "calibration" not in dirs:
+            dirs.append(root / "reports" / "calibration")
     return dirs
 
 
@@ -311,11 +316,13 @@ def _reject_constant(name: str):
 
 
 def saved_profiles() -> dict[str, Path]:
+    """Profile name (file stem) -> file. A calibration's raw readings (NAME_raw.json) are not profiles."""
     found: dict[str, Path] = {}
     for d in reversed(profile_dirs()):  # earlier directories take precedence
         if d.is_dir():
             for p in sorted(d.glob("*.json")):
-                found[p.stem] = p
+                if not p.stem.endswith("_raw"):
+                    found[p.stem] = p
     return found
 
 

@@ -21,13 +21,11 @@ stated rule) or predicted (the analytical model). Times are microseconds through
 from __future__ import annotations
 
 import datetime as _dt
-import errno
 import json
 import math
 import os
 import subprocess
 import sys
-import tempfile
 from importlib import metadata as _md
 from pathlib import Path
 
@@ -42,14 +40,10 @@ from taxes.workloads import WORKLOADS, shape_of
 SCHEMA = "taxes.result"
 SCHEMA_VERSION = 1
 LABELS = ("measured", "derived", "predicted")
-ROLES = ("compute", "communication", "synchronisation")
-FLOOR_KEYS = ("compute_us", "hbm_us", "link_us", "ideal_us")  # what a variant's "floor" must hold
 # `taxes analyze` documents: one case per trace set, workload "trace", shape {"steps": n}
 TRACE_WORKLOAD = "trace"
 TRACE_DIMS = ("steps",)
 MAX_BYTES = 256 * 1024 * 1024  # refuse to parse result files larger than this
-MAX_DIM = 1 << 40  # largest shape dimension (as make_workload accepts)
-MAX_RANKS = 1 << 16  # largest world size or rank number a document may name
 MAX_DEPTH = 32  # deepest nesting a document may have (taxes writes 7 levels)
 
 
@@ -129,17 +123,20 @@ def case_entry(workload, variants: list[dict]) -> dict:
 
 def summarize_samples(samples_us: list[list[float]], label: str = "measured") -> dict:
     """E2E per iteration is the slowest rank's time; report its interquartile mean (the statistic every
-    view prints), median and 10th/90th percentiles."""
-    from taxes.attribute import iqm
+    view prints), median and 10th/90th percentiles. (numpy: a document may hold millions of samples.)"""
+    import numpy as np
 
     if len({len(s) for s in samples_us}) > 1:
         raise ValueError(f"ranks have different numbers of samples: {[len(s) for s in samples_us]}")
-    per_iter = [max(vals) for vals in zip(*samples_us)] if samples_us else []
-    if not per_iter:
+    per_iter = np.asarray(samples_us, dtype=float).max(axis=0) if samples_us and samples_us[0] else np.zeros(0)
+    if not len(per_iter):
         return {"iqm": None, "median": None, "p10": None, "p90": None, "n": 0, "label": label}
-    s = pd.Series(per_iter, dtype=float)
-    return {"iqm": iqm(per_iter), "median": float(s.median()), "p10": float(s.quantile(0.1)),
-            "p90": float(s.quantile(0.9)), "n": len(per_iter), "label": label}
+    n = len(per_iter)
+    ranked = per_iter[np.lexsort((np.arange(n), per_iter))]  # as taxes.attribute.kept_iterations ranks them
+    kept = ranked[n // 4:n - n // 4]
+    p10, median, p90 = np.quantile(per_iter, [0.1, 0.5, 0.9])  # pandas' default: linear interpolation
+    return {"iqm": math.fsum(kept.tolist()) / len(kept), "median": float(median), "p10": float(p10),
+            "p90": float(p90), "n": n, "label": label}
 
 
 NO_ROWS = ("measured with per-phase CUDA events; its rows came from attribution rules since replaced, so none "
@@ -195,32 +192,14 @@ def model_document(predictions: list[list[Prediction]], hardware: str, world: in
 
 
 # ---- validation -----------------------------------------------------------------------------------
+# The document's structure, types and bounds are the published JSON Schema (taxes/schema/result-v1.json);
+# what a schema cannot say is checked here, after it.
 
-
-def one_line(text: str, limit: int = 400) -> str:
-    """`text` as one printable line: control characters and line breaks (which a hostile file name or
-    key may hold) escaped, runs of spaces kept, long text cut."""
-    out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
-    return out if len(out) <= limit else out[:limit - 3] + "..."
+from taxes.sanitize import one_line  # noqa: E402  (one_line stays importable from here)
 
 
 def _fail(origin: str, where: str, what: str):
     raise TaxesError(one_line(f"{origin}: {where}: {what}"))
-
-
-def _number(v, origin, where, allow_none=False):
-    if v is None and allow_none:
-        return
-    # ints first: math.isfinite(10**400) raises OverflowError instead of answering
-    ok = not isinstance(v, bool) and (
-        (isinstance(v, int) and abs(v) <= 10 ** 15) or (isinstance(v, float) and math.isfinite(v) and abs(v) <= 1e15))
-    if not ok:
-        _fail(origin, where, f"expected a finite number, found {_short(v)}")
-
-
-def _whole(v, origin, where, low: int, high: int, what: str = "a positive whole number"):
-    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-        _fail(origin, where, f"expected {what} (at most {high}), found {_short(v)}")
 
 
 def _short(v) -> str:
@@ -238,139 +217,99 @@ def json_type(v) -> str:
     return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(type(v), type(v).__name__)
 
 
-def _obj(v, origin, where, keys=()):
-    if not isinstance(v, dict):
-        _fail(origin, where, f"expected an object, found {json_type(v)}")
-    for k in keys:
-        if k not in v:
-            _fail(origin, where, f"missing {k!r}")
-    return v
-
-
-def _list(v, origin, where):
-    if not isinstance(v, list):
-        _fail(origin, where, f"expected a list, found {json_type(v)}")
-    return v
-
-
 def validate(doc, origin: str = "result") -> dict:
-    """Check a document's structure and values; raise one TaxesError line naming the first problem."""
+    """Check a document against the schema, then what the schema cannot state; raise one TaxesError line
+    naming the field ('ORIGIN: cases[0].variants[1].samples_us[0][3]: ...')."""
+    from taxes import schema
+
     _check_depth(doc, origin)
-    _obj(doc, origin, "document", ("schema", "schema_version", "metadata", "cases"))
+    if not isinstance(doc, dict):
+        _fail(origin, "document", f"expected an object, found {json_type(doc)}")
+    if "schema" not in doc:
+        _fail(origin, "document", "missing 'schema' (not a taxes result document)")
     if doc["schema"] != SCHEMA:
         _fail(origin, "schema", f"not a taxes result document (schema {_short(doc['schema'])})")
-    if type(doc["schema_version"]) is not int or doc["schema_version"] != SCHEMA_VERSION:
-        _fail(origin, "schema_version", f"version {_short(doc['schema_version'])} is not supported (this taxes reads version {SCHEMA_VERSION})")
-    meta = _obj(doc["metadata"], origin, "metadata", ("kind", "tool_version", "world_size", "hardware_profile"))
-    if meta["kind"] not in ("profile", "model"):
-        _fail(origin, "metadata.kind", f"must be profile or model, found {_short(meta['kind'])}")
-    for key in ("tool_version", "hardware_profile"):
-        if not isinstance(meta[key], str):
-            _fail(origin, f"metadata.{key}", "expected a string")
-    for key in ("git_commit", "date", "torch_version", "triton_version", "cuda_version", "nccl_version"):
-        if meta.get(key) is not None and not isinstance(meta[key], str):
-            _fail(origin, f"metadata.{key}", "expected a string or null")
-    _whole(meta["world_size"], origin, "metadata.world_size", 1, MAX_RANKS)
-    gpus = meta.get("gpu_names", [])
-    if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
-        _fail(origin, "metadata.gpu_names", "expected a list of strings")
-    for i, case in enumerate(_list(doc["cases"], origin, "cases")):
+    if type(doc.get("schema_version")) is not int or doc["schema_version"] != SCHEMA_VERSION:
+        _fail(origin, "schema_version", f"version {_short(doc.get('schema_version'))} is not supported (this taxes reads "
+                                        f"version {SCHEMA_VERSION})")
+    schema.check(doc, origin)
+    meta = doc["metadata"]
+    for i, case in enumerate(doc["cases"]):
         w = f"cases[{i}]"
-        _obj(case, origin, w, ("workload", "shape", "world", "dtype", "variants"))
         from_trace = case["workload"] == TRACE_WORKLOAD and meta.get("source") == "trace"
-        if not isinstance(case["workload"], str) or (case["workload"] not in WORKLOADS and not from_trace):
+        if case["workload"] not in WORKLOADS and not from_trace:
             _fail(origin, f"{w}.workload", f"unknown workload {_short(case['workload'])}")
-        shape = _obj(case["shape"], origin, f"{w}.shape")
         dims = TRACE_DIMS if from_trace else WORKLOADS[case["workload"]].dims
-        for k, v in shape.items():
+        for k in case["shape"]:
             if k not in dims:
                 _fail(origin, f"{w}.shape", f"{case['workload']} has no dimension {_short(k)} (its dimensions: {', '.join(dims)})")
-            _whole(v, origin, f"{w}.shape.{k}", 1, MAX_DIM)
-        _whole(case["world"], origin, f"{w}.world", 1, MAX_RANKS)
-        if not isinstance(case["dtype"], str):
-            _fail(origin, f"{w}.dtype", "expected a string")
-        for j, var in enumerate(_list(case["variants"], origin, f"{w}.variants")):
-            _validate_variant(var, origin, f"{w}.variants[{j}]")
-    _check_all_finite(doc, origin)
+        for j, var in enumerate(case["variants"]):
+            _check_variant(var, case, origin, f"{w}.variants[{j}]")
     return doc
 
 
+def _check_variant(var: dict, case: dict, origin: str, w: str) -> None:
+    """What the schema cannot say about one variant."""
+    samples = var["samples_us"]
+    if len({len(s) for s in samples}) > 1:
+        _fail(origin, f"{w}.samples_us", f"ranks hold different numbers of samples ({', '.join(str(len(s)) for s in samples)})")
+    if len(samples) > case["world"]:
+        _fail(origin, f"{w}.samples_us", f"{len(samples)} ranks of samples in a world of {case['world']}")
+    e2e = var["e2e_us"]
+    lo, mid, hi = e2e.get("p10"), e2e.get("median"), e2e.get("p90")
+    if None not in (lo, mid, hi) and not (lo <= mid * (1 + 1e-9) and mid <= hi * (1 + 1e-9)):
+        _fail(origin, f"{w}.e2e_us", f"p10 {lo:g} <= median {mid:g} <= p90 {hi:g} does not hold")
+    for k, ph in enumerate(var["phases"]):
+        if ph["end_us"] < ph["start_us"]:
+            _fail(origin, f"{w}.phases[{k}]", "ends before it starts")
+    for k, tl in enumerate(var.get("timelines") or []):
+        for part in ("activities", "launches", "host", "windows"):
+            cols = tl.get(part) or {}
+            lengths = {len(v) for v in cols.values() if isinstance(v, list)}
+            if len(lengths) > 1:
+                _fail(origin, f"{w}.timelines[{k}].{part}", "columns of different lengths")
+
+
 def _check_depth(doc, origin: str) -> None:
-    """Nothing nested deeper than MAX_DEPTH (taxes writes 7 levels): whatever later walks the document
-    recursively (copies, renderers, json.dumps) cannot run out of stack."""
-    stack = [(doc, 0)]
+    """Nothing nested deeper than MAX_DEPTH (taxes writes 7 levels), so whatever later walks the document
+    recursively (the schema validator, copies, renderers, json.dumps) cannot run out of stack; and no
+    number anywhere that is not finite (1e999 parses as inf; NaN passes every bound of a schema)."""
+    stack = [(doc, 0, "document")]
     while stack:
-        node, depth = stack.pop()
+        node, depth, where = stack.pop()
         if depth > MAX_DEPTH:
             _fail(origin, "document", f"nested deeper than {MAX_DEPTH} levels; not a result document")
         if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
+            for k, v in node.items():
+                if isinstance(v, (dict, list)):
+                    stack.append((v, depth + 1, f"{where}.{k}"))
+                elif type(v) is float and not math.isfinite(v):
+                    _fail(origin, f"{where}.{k}", f"expected a finite number, found {v}")
+        elif isinstance(node, list) and node:
+            numbers = _all_finite(node)
+            if numbers is None:  # not all numbers: look at each
+                for i, v in enumerate(node):
+                    if type(v) is float and not math.isfinite(v):
+                        _fail(origin, f"{where}[{i}]", f"expected a finite number, found {v}")
+                stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(node) if isinstance(v, (dict, list)))
+            elif not numbers:
+                i = next(i for i, v in enumerate(node) if type(v) is float and not math.isfinite(v))
+                _fail(origin, f"{where}[{i}]", f"expected a finite number, found {node[i]}")
 
 
-def _check_all_finite(doc, origin: str) -> None:
-    """No non-finite number anywhere (JSON cannot hold one; 1e999 parses as inf)."""
-    stack = [(doc, "document")]
-    while stack:
-        node, where = stack.pop()
-        if isinstance(node, dict):
-            stack.extend((v, f"{where}.{k}") for k, v in node.items())
-        elif isinstance(node, list):
-            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
-        elif isinstance(node, float) and not math.isfinite(node):
-            _fail(origin, where, f"expected a finite number, found {node}")
-
-
-def _validate_variant(var, origin, w):
-    _obj(var, origin, w, ("variant", "samples_us", "e2e_us", "phases", "components", "correctness"))
-    if not isinstance(var["variant"], str) or not var["variant"]:
-        _fail(origin, f"{w}.variant", "expected a variant name")
-    for r, samples in enumerate(_list(var["samples_us"], origin, f"{w}.samples_us")):
-        for k, v in enumerate(_list(samples, origin, f"{w}.samples_us[{r}]")):
-            _number(v, origin, f"{w}.samples_us[{r}][{k}]")
-    e2e = _obj(var["e2e_us"], origin, f"{w}.e2e_us", ("median", "label"))
-    for k in ("median", "p10", "p90"):
-        _number(e2e.get(k), origin, f"{w}.e2e_us.{k}", allow_none=True)
-    if e2e["label"] not in LABELS:
-        _fail(origin, f"{w}.e2e_us.label", f"must be one of {', '.join(LABELS)}")
-    for k, ph in enumerate(_list(var["phases"], origin, f"{w}.phases")):
-        p = f"{w}.phases[{k}]"
-        _obj(ph, origin, p, ("rank", "name", "role", "start_us", "end_us", "label"))
-        _whole(ph["rank"], origin, f"{p}.rank", 0, MAX_RANKS, "a rank number")
-        if ph["role"] not in ROLES:
-            _fail(origin, f"{p}.role", f"must be one of {', '.join(ROLES)}")
-        if ph["label"] not in LABELS:
-            _fail(origin, f"{p}.label", f"must be one of {', '.join(LABELS)}")
-        if not isinstance(ph["name"], str):
-            _fail(origin, f"{p}.name", "expected a phase name")
-        _number(ph["start_us"], origin, f"{p}.start_us")
-        _number(ph["end_us"], origin, f"{p}.end_us")
-        if ph["end_us"] < ph["start_us"]:
-            _fail(origin, p, "ends before it starts")
-        if "host_bound_us" in ph:
-            _number(ph["host_bound_us"], origin, f"{p}.host_bound_us")
-        for c, v in _obj(ph.get("parts", {}), origin, f"{p}.parts").items():
-            _number(v, origin, f"{p}.parts.{c}")
-    for k, comp in enumerate(_list(var["components"], origin, f"{w}.components")):
-        c = f"{w}.components[{k}]"
-        _obj(comp, origin, c, ("name", "rank", "value_us", "label"))
-        if not isinstance(comp["name"], str):
-            _fail(origin, f"{c}.name", "expected a component name")
-        if comp["rank"] is not None:
-            _whole(comp["rank"], origin, f"{c}.rank", 0, MAX_RANKS, "a rank number or null")
-        _number(comp["value_us"], origin, f"{c}.value_us")
-        if comp["label"] not in LABELS:
-            _fail(origin, f"{c}.label", f"must be one of {', '.join(LABELS)}")
-    corr = _obj(var["correctness"], origin, f"{w}.correctness", ("checked",))
-    if not isinstance(corr["checked"], bool) or not (corr.get("passed") is None or isinstance(corr.get("passed"), bool)):
-        _fail(origin, f"{w}.correctness", "checked and passed must be true/false")
-    _number(corr.get("rel_error"), origin, f"{w}.correctness.rel_error", allow_none=True)
-    _number(corr.get("tolerance"), origin, f"{w}.correctness.tolerance", allow_none=True)
-    if "floor" in var:
-        for k, v in _obj(var["floor"], origin, f"{w}.floor", FLOOR_KEYS).items():
-            _number(v, origin, f"{w}.floor.{k}")
-    _obj(var.get("config", {}), origin, f"{w}.config")
+def _all_finite(values: list) -> bool | None:
+    """For a list of numbers only: whether every one is finite (one C-speed pass). None when the list holds
+    anything else (strings, containers, null), which the caller then looks at item by item."""
+    try:
+        if math.isfinite(math.fsum(values)):
+            return True
+    except TypeError:  # not all numbers
+        return None
+    except (ValueError, OverflowError):  # inf - inf, or a sum beyond the largest float
+        pass
+    if not all(isinstance(v, (int, float)) for v in values):
+        return None
+    return all(type(v) is not float or math.isfinite(v) for v in values)
 
 
 # ---- load / save ----------------------------------------------------------------------------------
@@ -435,67 +374,18 @@ def load(path: str | Path) -> dict:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise TaxesError(one_line(f"{path}: not a result document (not UTF-8 text)")) from None
-    return upgrade(loads(text, str(path)))
+    doc = loads(text, str(path))
+    doc.pop("report", None)  # what `taxes report --format json` added: derived, made again by whoever renders
+    return upgrade(doc)
 
 
 def dumps(doc: dict) -> str:
     return json.dumps(doc, indent=1, allow_nan=False) + "\n"
 
 
-def write_atomic(path: str | Path, data: str | bytes, overwrite: bool = True) -> None:
-    """Write to a temporary file beside the target, then rename: readers see the old file or the whole
-    new one, never a part (a run killed mid-write leaves the old file, and at most a stray
-    `.NAME.*.tmp` beside it). overwrite=False: raise FileExistsError if `path` exists, checked at the
-    moment the file is published (a hard link, which never replaces), so two runs cannot clobber each
-    other either."""
-    path = Path(path)
-    if not overwrite and os.path.lexists(path):
-        raise FileExistsError(errno.EEXIST, "File exists", str(path))
-    mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        try:  # keep the replaced file's permissions; a new file gets the usual 0666 & ~umask
-            perm = path.stat().st_mode & 0o777
-        except OSError:
-            umask = os.umask(0)
-            os.umask(umask)
-            perm = 0o666 & ~umask
-        os.chmod(tmp, perm)
-        with os.fdopen(fd, mode) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            _publish_new(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _publish_new(tmp: str, path: Path) -> None:
-    """Give the finished temporary file its name only if that name is free."""
-    try:
-        os.link(tmp, path)  # fails with FileExistsError if path exists: no check-then-write race
-    except FileExistsError:
-        raise
-    except OSError:  # a filesystem without hard links: check, then rename (a narrow race remains)
-        if os.path.lexists(path):
-            raise FileExistsError(errno.EEXIST, "File exists", str(path)) from None
-        os.replace(tmp, path)
-        return
-    os.unlink(tmp)
-
-
-def write_error(path: str | Path, e: OSError) -> TaxesError:
-    """The one-line error for a failed write_atomic."""
-    if isinstance(e, FileExistsError):
-        return TaxesError(one_line(f"{path}: already exists; pass --force to replace it (or choose another name)"))
-    return TaxesError(one_line(f"{path}: cannot write it ({e.strerror or e})"))
+# Writing lives in taxes.io (regular files only, atomic, short temporary names); these names stay here
+# for the callers that import them from results.
+from taxes.io import write_atomic, write_error  # noqa: E402,F401
 
 
 def save(doc: dict, path: str | Path, overwrite: bool = True) -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+from pathlib import Path
 import sys
 
 import pandas as pd
@@ -49,7 +50,7 @@ def test_model_table_every_workload_and_profile(capsys, name, hw):
     header = _table_row(out, "us per iteration")
     assert header == list(model_variants(name))
     w = make_workload(name, {}, 2)
-    e2e = [_num(c) for c in _table_row(out, "E2E")]
+    e2e = [_num(c) for c in _table_row(out, "E2E: predicted")]
     assert e2e == pytest.approx([predict(w, v, BUILTIN[hw]).e2e_us for v in model_variants(name)], abs=0.051)
     for title in COMPONENT_TITLES.values():
         assert len(_table_row(out, title)) == len(model_variants(name))
@@ -156,12 +157,12 @@ def test_report_html(capsys, doc_file, tmp_path):
 def test_report_md_json_table(capsys, doc_file):
     doc = results.load(doc_file)
     code, out, err = run_cli(["report", str(doc_file), "--format", "md"], capsys)
-    assert code == 0 and out.startswith("# taxes report")
+    assert code == 0 and out.startswith(f"# {doc['cases'][0]['workload']} on h200-sxm (model), world 2")
     code, out, err = run_cli(["report", str(doc_file), "--format", "json"], capsys)
     assert code == 0 and json.loads(out)["cases"][0]["workload"] == doc["cases"][0]["workload"]
     code, out, err = run_cli(["report", str(doc_file)], capsys)
     assert code == 0
-    e2e = [_num(c) for c in _table_row(out, "E2E")]
+    e2e = [_num(c) for c in _table_row(out, "E2E: predicted")]
     assert e2e == pytest.approx([v["e2e_us"]["median"] for v in doc["cases"][0]["variants"]], abs=0.051)
 
 
@@ -296,3 +297,92 @@ def test_subprocess_errors_are_one_line(tmp_path, args):
     lines = p.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("taxes: error: "), p.stderr
     assert "Traceback" not in p.stderr
+
+
+# ---- one console: numbers are never cut ------------------------------------------------------------
+
+
+def _taxes(args, columns=None, cwd=None):
+    """The installed command, stdout piped (not a terminal), COLUMNS as given."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TAXES_DEBUG")}
+    if columns:
+        env["COLUMNS"] = str(columns)
+    return subprocess.run([sys.executable, "-m", "taxes", *args], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=cwd)
+
+
+REAL_DOC = str(Path(__file__).resolve().parent.parent / "reports" / "ag_gemm" / "profile_N8192.json")
+
+
+@pytest.mark.parametrize("args", [["model", "ag-gemm", "--sweep", "M=1024:16384"], ["model", "tp-mlp"],
+                                  ["report", REAL_DOC], ["compare", REAL_DOC, REAL_DOC], ["hardware", "list"]],
+                         ids=["sweep", "model", "report", "compare", "hardware"])
+def test_no_number_is_cut_at_80_columns_or_piped(args):
+    folded = _taxes(args, columns=80)
+    whole = _taxes(args)
+    for p in (folded, whole):
+        assert p.returncode == 0, p.stderr
+        assert "…" not in p.stdout and "..." not in p.stdout
+    assert max(len(line) for line in folded.stdout.splitlines()) <= 80  # folded to the width
+    numbers = lambda text: sorted(re.findall(r"(?<![\w.,])[-+]?\d[\d,]*\.\d+(?:x|%)?", text))  # noqa: E731
+    assert numbers(folded.stdout) == numbers(whole.stdout)  # the same cells, whole, in both
+
+
+def test_sweep_cells_hold_the_models_numbers_at_80_columns():
+    from taxes.hardware import BUILTIN
+    from taxes.model import sweep
+
+    p = _taxes(["model", "ag-gemm", "--sweep", "M=1024:16384"], columns=80)
+    preds = sweep(make_workload("ag-gemm", {}, 2), "M", [1024, 2048, 4096, 8192, 16384], BUILTIN["h200-sxm"])
+    for ps in preds:
+        for pr in ps:
+            assert f"{pr.e2e_us:,.1f}" in p.stdout
+
+
+def test_profile_table_to_a_file_is_not_cut(capsys, monkeypatch):
+    """Defect: `taxes profile` printed its table through a console of the default 80 columns when stdout
+    was a file."""
+    import gzip
+
+    from taxes.cli.profile_cmd import _render
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    doc = results.loads(gzip.decompress((Path(__file__).parent / "data" / "documents" /
+                                         "emulated_ag_gemm.json.gz").read_bytes()).decode())
+    _render(doc, "table")
+    out = capsys.readouterr().out
+    assert "…" not in out and max(map(len, out.splitlines())) > 80
+    for v in doc["cases"][0]["variants"]:
+        assert f"{v['plain_e2e_us']:,.1f}" in out
+
+
+def test_check_exits_1_when_a_check_fails(tmp_path):
+    """Defect: `taxes check` found failures and exited 0."""
+    import gzip
+
+    doc = results.loads(gzip.decompress((Path(__file__).parent / "data" / "documents" /
+                                         "emulated_ag_gemm.json.gz").read_bytes()).decode())
+    path = tmp_path / "run.json"
+    results.save(doc, path)
+    p = _taxes(["check", str(path)])
+    assert p.returncode == 1, p.stderr
+    assert "FAIL" in p.stdout and re.search(r"taxes check: \d+ failing check rows", p.stderr)
+    out = tmp_path / "checks.md"
+    p = _taxes(["check", str(path), "--all", "-o", str(out)])
+    assert p.returncode == 1 and p.stdout == "" and out.read_text().startswith("| check |")
+
+
+def test_report_takes_several_documents(capsys, tmp_path, model_doc):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    results.save(dict(model_doc, cases=model_doc["cases"][:1]), a)
+    results.save(dict(model_doc, cases=model_doc["cases"][1:2]), b)
+    code, out, err = run_cli(["report", str(a), str(b)], capsys)
+    assert code == 0, err
+    first, second = (f"{model_doc['cases'][i]['workload']} on h200-sxm (model), world 2" for i in (0, 1))
+    assert out.index(first) < out.index(second)
+    code, out, err = run_cli(["report", str(a), str(b), "--format", "md"], capsys)
+    assert code == 0 and out.count("## Summary") == 2
+    code, out, err = run_cli(["report", str(a), str(b), "--format", "html", "-o", str(tmp_path / "r.html")], capsys)
+    assert code == 0 and (tmp_path / "r.html").read_text().count('<section class="document">') == 2
+    code, out, err = run_cli(["report", str(a), str(b), "--format", "json"], capsys)
+    assert code == 2 and "give one file" in err

@@ -170,7 +170,7 @@ def test_report_reattributes_a_measured_document_from_its_stored_records(tmp_pat
     same = json.loads(subprocess.run(base, capture_output=True, text=True, timeout=120, check=True).stdout)
     other = json.loads(subprocess.run(base + ["--hardware", "mi300x"], capture_output=True, text=True,
                                       timeout=120, check=True).stdout)
-    for a, b in zip(same["cases"][0]["variants"], other["cases"][0]["variants"]):
+    for a, b in zip(same["report"]["cases"][0]["variants"], other["report"]["cases"][0]["variants"]):
         assert a["e2e_us"] == b["e2e_us"] and a["attributed_e2e_us"] == pytest.approx(b["attributed_e2e_us"], rel=1e-9)
         assert a["components_us"]["ideal"] != pytest.approx(b["components_us"]["ideal"])
         assert math.fsum(b["components_us"].values()) == pytest.approx(b["attributed_e2e_us"])

@@ -1,19 +1,28 @@
-"""Reports: Markdown, JSON summary, self-contained HTML, and the PNG plots."""
+"""Reports: verdict first (title, marks, summary), one E2E per variant with its statistic named, the JSON
+report that loads back, self-contained HTML, and charts that stay readable (PNG and SVG)."""
 
 from __future__ import annotations
 
+import copy
+import gzip
+import io
 import json
 import math
 import random
 import re
+from pathlib import Path
 
+import numpy as np
 import pytest
-from _util import assert_one_line, assert_self_contained_html, assert_valid_png, profile_doc
+from _util import assert_one_line, assert_self_contained_html, assert_valid_png, assert_valid_svg, profile_doc
 
 from taxes import results
 from taxes.errors import TaxesError
 from taxes.model import COMPONENT_TITLES, COMPONENTS, TAXES
 from taxes.reports import plots, render
+
+DATA = Path(__file__).parent / "data" / "documents"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _md_tables(text: str) -> list[list[list[str]]]:
@@ -34,23 +43,58 @@ def _number(cell: str) -> float:
     return float(cell.split()[0].replace(",", ""))
 
 
-def test_markdown_report(model_doc):
+def _iqm(values) -> float:
+    """The interquartile mean, written out here (docs/method.md): sorted, a quarter (n // 4) dropped at
+    each end, the rest averaged."""
+    x = np.sort(np.asarray(values, dtype=float))
+    k = len(x) // 4
+    return float(x[k:len(x) - k].mean())
+
+
+@pytest.fixture
+def emulated_doc():
+    """A real document: `taxes profile ag-gemm --emulate` (M=64,N=64,K=32, 8 iterations), with rows."""
+    return results.loads(gzip.decompress((DATA / "emulated_ag_gemm.json.gz").read_bytes()).decode())
+
+
+@pytest.fixture
+def gpu_doc():
+    """A real document from 2 x H200, measured under attribution rules since replaced (no rows)."""
+    return results.load(ROOT / "reports" / "ag_gemm" / "profile_N8192.json")
+
+
+# ---- verdict first ---------------------------------------------------------------------------------
+
+
+def test_markdown_report_leads_with_title_marks_and_summary(model_doc):
     text = render.render_markdown(model_doc)
-    assert text.startswith("# taxes report")
-    headings = [line for line in text.splitlines() if line.startswith("## ")]
-    assert len(headings) == len(model_doc["cases"])
+    lines = text.splitlines()
+    assert lines[0] == "# ag-gemm, gemm-rs, flash-decode (3 cases) on h200-sxm (model), world 2"
+    assert any(line.startswith("> **PREDICTED**") for line in lines[:6])
+    first_table = _md_tables(text)[0]
+    assert first_table[0] == [h for h in render.SUMMARY_HEADER if h != "checks"]  # a model has no checks
+    assert text.index("## Summary") < min(text.index(f"## {plots.case_title(c)}") for c in model_doc["cases"])
+    for case, row in zip(model_doc["cases"], first_table[1:]):
+        e2e = {v["variant"]: v["e2e_us"]["median"] for v in case["variants"]}
+        best = min(e2e, key=e2e.get)
+        assert row[1] == best and _number(row[2]) == pytest.approx(e2e[best], abs=0.051) and "(predicted)" in row[2]
+        bsp = e2e.get("bsp") or e2e.get("all-bsp")
+        assert float(row[3].rstrip("x")) == pytest.approx(bsp / e2e[best], abs=0.0051)
+
+
+def test_markdown_report_details_per_case(model_doc):
+    text = render.render_markdown(model_doc)
     tables = _md_tables(text)
     attribution = [t for t in tables if t[0][0] == "us per iteration"]
     assert len(attribution) == len(model_doc["cases"])
-    for case, heading, table in zip(model_doc["cases"], headings, attribution):
-        assert case["workload"] in heading
-        assert all(f"{k}={v}" in heading for k, v in case["shape"].items())
+    for case, table in zip(model_doc["cases"], attribution):
         assert all(len(row) == len(table[0]) for row in table)  # a well-formed table
         assert table[0][1:] == [v["variant"] for v in case["variants"]]
         rows = {row[0]: row[1:] for row in table}
-        for v, cell in zip(case["variants"], rows["E2E"]):
+        assert render.E2E_ROW not in rows  # a model has no interquartile mean: its row says predicted
+        for v, cell in zip(case["variants"], rows[render.E2E_ROW_MODEL]):
             assert _number(cell) == pytest.approx(v["e2e_us"]["median"], abs=0.051)
-            assert cell.endswith(" p")  # predicted
+            assert cell.endswith(" p")
         for comp in COMPONENTS:
             values = [_number(c) for c in rows[COMPONENT_TITLES[comp]]]
             expected = [next(c["value_us"] for c in v["components"] if c["name"] == comp) for v in case["variants"]]
@@ -66,87 +110,237 @@ def test_markdown_report(model_doc):
         assert vals["T_ideal = max"] == pytest.approx(max(fl["compute_us"], fl["hbm_us"], fl["link_us"]), abs=0.051)
 
 
-def test_markdown_report_of_measured_document_shows_ranks_and_correctness():
-    doc = profile_doc(random.Random(11), n_iter=9)
-    text = render.render_markdown(doc)
-    assert "Per rank:" in text
-    per_rank = [t for t in _md_tables(text) if t[0][:2] == ["variant", "rank"]]
-    assert len(per_rank) == len(doc["cases"])
-    assert len(per_rank[0]) == 1 + 2 * 2  # header + variants x ranks
-    assert "correct (rel. error)" in text and "yes (1.0e-03)" in text
-    e2e_row = next(t for t in _md_tables(text) if t[0][0] == "us per iteration")[1]
-    e = doc["cases"][0]["variants"][0]["e2e_us"]
-    assert e2e_row[0] == "E2E (plain)" and e2e_row[1].endswith(" m")
-    assert e2e_row[1].startswith(f"{doc['cases'][0]['variants'][0]['plain_e2e_us']:,.1f}")
-    assert f"{e['p10']:,.1f}" in e2e_row[1] and f"{e['p90']:,.1f}" in e2e_row[1]
+def test_measured_variants_show_one_e2e_named_and_what_their_rows_add_up_to(emulated_doc):
+    text = render.render_markdown(emulated_doc)
+    case = emulated_doc["cases"][0]
+    table = next(t for t in _md_tables(text) if t[0][0] == "us per iteration")
+    rows = {row[0]: row[1:] for row in table}
+    assert [r[0] for r in table].count(render.E2E_ROW) == 1  # one E2E per variant, its statistic named
+    for v, e2e, added, cost in zip(case["variants"], rows[render.E2E_ROW], rows["rows add up to (instrumented E2E)"],
+                                   rows["measurement cost (instrumented - plain)"]):
+        per_iter = np.max(np.asarray(v["samples_us"]), axis=0)
+        assert _number(e2e) == pytest.approx(_iqm(per_iter), abs=0.051)  # the interquartile mean of the samples
+        lo, hi = re.search(r"\[([\d,.]+)-([\d,.]+)\]", e2e).groups()
+        assert float(lo.replace(",", "")) == pytest.approx(np.quantile(per_iter, 0.1), abs=0.51)
+        assert float(hi.replace(",", "")) == pytest.approx(np.quantile(per_iter, 0.9), abs=0.51)
+        assert _number(added) == pytest.approx(v["attributed_e2e_us"], abs=0.051)
+        overall = math.fsum(c["value_us"] for c in v["components"] if c["rank"] is None)
+        assert _number(added) == pytest.approx(overall, abs=0.1)  # the rows below do add up to it
+        share = (v["attributed_e2e_us"] - v["plain_e2e_us"]) / v["plain_e2e_us"]
+        assert _number(cost) == pytest.approx(v["attributed_e2e_us"] - v["plain_e2e_us"], abs=0.051)
+        assert cost.endswith("PERTURBED") == (share > 0.03)
+    assert "[p10-p90] their 10th and 90th percentiles" in text
 
 
-def test_json_summary(model_doc):
+@pytest.mark.parametrize("view", ["md", "terminal", "html", "json"])
+def test_emulated_and_perturbed_runs_are_marked_in_every_view(emulated_doc, view):
+    perturbed = [v["variant"] for v in emulated_doc["cases"][0]["variants"]
+                 if v["measurement_cost_us"] > 0.03 * v["plain_e2e_us"]]
+    assert perturbed  # the fixture has some: interpreted fused kernels cost more to trace
+    if view == "json":
+        rep = json.loads(render.render_json(emulated_doc))["report"]
+        assert rep["marks"][:2] == ["EMULATED", "PERTURBED"]
+        assert [v["variant"] for v in rep["cases"][0]["variants"] if v["perturbed"]] == perturbed
+        return
+    if view == "md":
+        text = render.render_markdown(emulated_doc)
+    elif view == "html":
+        text = render.render_html(emulated_doc)
+    else:
+        from taxes.console import render_text
+
+        text = render_text(lambda c: render.render_terminal(emulated_doc, c))
+    head = text[:text.index('id="summary"' if view == "html" else "ummary")]  # before the summary
+    assert "EMULATED" in head and "times mean nothing" in head and "PERTURBED" in head
+    for name in perturbed:
+        assert f"M=64,N=64,K=32 {name}" in head
+
+
+def test_a_real_document_leads_with_its_verdict(gpu_doc):
+    from taxes.console import render_text
+
+    text = render_text(lambda c: render.render_terminal(gpu_doc, c))
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines[0] == "ag-gemm (5 cases) on 2 x NVIDIA H200, world 2"
+    assert any(line.startswith("NO ROWS:") for line in lines[:5])
+    summary = text[:text.index("us per iteration")]
+    for case in gpu_doc["cases"]:
+        iqm = {v["variant"]: _iqm(np.max(np.asarray(v["samples_us"]), axis=0)) for v in case["variants"]}
+        best = min(iqm, key=iqm.get)
+        shape = ",".join(f"{k}={v}" for k, v in case["shape"].items())
+        row = next(line for line in summary.splitlines() if shape in line)
+        cells = [c.strip() for c in re.split(r"[│┃]", row) if c.strip()]
+        assert cells[1] == best
+        assert _number(cells[2]) == pytest.approx(iqm[best], abs=0.051)
+        assert float(cells[3].rstrip("x")) == pytest.approx(iqm["bsp"] / iqm[best], abs=0.0051)
+        assert float(cells[4].rstrip("x")) == pytest.approx(iqm["bsp-graph"] / iqm[best], abs=0.0051)
+
+
+def test_failed_checks_lead_and_are_coloured(emulated_doc):
+    from rich.console import Console
+
+    buf = io.StringIO()
+    render.render_terminal(emulated_doc, Console(file=buf, width=300, color_system="standard", force_terminal=True))
+    out = buf.getvalue()
+    first_detail = out.index("us per iteration")
+    red = re.findall(r"\x1b\[[0-9;]*31m([^\x1b]*)", out[:first_detail])
+    assert any("FAIL" in s for s in red), "the summary's failed checks are red"
+    assert any(s.startswith("FAILED check: measurement") for s in red)
+    md = render.render_markdown(emulated_doc)
+    assert md.index("**FAILED** measurement") < md.index("us per iteration")
+    html = render.render_html(emulated_doc)
+    assert re.search(r'<td class="fail">\d+ of \d+ FAIL', html)
+    assert html.index('class="fail">FAILED check') < html.index("us per iteration")
+
+
+# ---- JSON: the document and its report, loaded back ------------------------------------------------
+
+
+def test_json_report_is_the_document_with_its_report_and_loads_back(model_doc, tmp_path):
     out = render.render_json(model_doc)
-    data = json.loads(out)
-    assert data["metadata"] == model_doc["metadata"]
-    assert len(data["cases"]) == len(model_doc["cases"])
-    for case, src in zip(data["cases"], model_doc["cases"]):
+    back = results.loads(out)  # validates against taxes/schema/result-v1.json
+    assert {k: v for k, v in back.items() if k != "report"} == model_doc
+    rep = back["report"]
+    assert rep["statistic"] == "interquartile mean" and rep["marks"][0] == "PREDICTED"
+    for case, src in zip(rep["cases"], model_doc["cases"]):
         assert case["workload"] == src["workload"] and case["shape"] == src["shape"]
-        bsp = src["variants"][0]["e2e_us"]["median"]
+        e2e = {v["variant"]: v["e2e_us"]["median"] for v in src["variants"]}
+        assert case["best_variant"] == min(e2e, key=e2e.get)
         for var, sv in zip(case["variants"], src["variants"]):
             comps = {c["name"]: c["value_us"] for c in sv["components"]}
-            assert var["components_us"] == comps
-            assert set(var["labels"].values()) == {"predicted"}
-            assert math.fsum(var["components_us"].values()) == pytest.approx(var["e2e_us"]["median"], rel=1e-12)
+            assert var["components_us"] == comps and var["statistic"] == "predicted"
+            assert math.fsum(var["components_us"].values()) == pytest.approx(var["e2e_us"], rel=1e-12)
             assert var["taxes_us"]["bulk-synchronous"] == pytest.approx(comps["sync_wait"] + comps["exposed_transfer"])
             assert var["taxes_us"]["data-locality"] == comps["locality"]
-            assert var["taxes_us"]["kernel-launch"] == comps["launch"]
             assert set(var["taxes_us"]) == set(TAXES)
-            assert var["speedup_vs_bsp"] == pytest.approx(bsp / sv["e2e_us"]["median"])
+            assert var["speedup_vs_bsp"] == pytest.approx(e2e["bsp"] / sv["e2e_us"]["median"])
+    path = tmp_path / "r.json"
+    path.write_text(out)
+    again = render.render_json(results.load(path))  # a report of a report: the same
+    assert json.loads(again) == json.loads(out)
+
+
+# ---- HTML ------------------------------------------------------------------------------------------
 
 
 def test_html_report_is_self_contained(model_doc):
     doc = dict(model_doc, cases=model_doc["cases"][:2])
     text = render.render_html(doc)
     assert_self_contained_html(text, n_images=2 * 2)  # components and timeline per case
-    assert text.count("<table>") == 2 * 2  # attribution and floor per case
+    assert text.count("<table") == 1 + 2 * 2  # the summary, then attribution and floor per case
     for case in doc["cases"]:
         for v in case["variants"]:
             assert f"<th>{v['variant']}</th>" in text
+    assert text.index('id="summary"') < text.index("us per iteration")
+
+
+def test_html_report_of_several_documents_is_one_page(model_doc, emulated_doc):
+    text = render.render_html([model_doc, emulated_doc])
+    assert text.count('<section class="document">') == 2
+    assert "<title>2 result documents</title>" in text
+    assert text.count('id="summary"') == 2
 
 
 def test_html_escapes_document_text(model_doc):
     doc = dict(model_doc, cases=model_doc["cases"][:1])
-    doc["metadata"] = dict(doc["metadata"], hardware_profile="<script>alert(1)</script>")
+    doc["metadata"] = dict(doc["metadata"], hardware_profile="<script>alert(1)</script>\x1b[2J")
     text = render.render_html(doc)
-    assert "<script>" not in text and "&lt;script&gt;" in text
+    assert "<script>" not in text and "&lt;script&gt;" in text and "\x1b" not in text
 
 
-# ---- plots -----------------------------------------------------------------------------------------
+# ---- charts ----------------------------------------------------------------------------------------
 
 
-def test_stacked_bars_png(model_doc):
-    assert_valid_png(plots.stacked_bars(model_doc["cases"][0]))
+def _texts(fig):
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    return [(t.get_text(), t.get_window_extent(r)) for ax in fig.axes for t in ax.texts if t.get_text()]
 
 
-def test_timeline_png_of_measured_ranks():
+def _overlaps(boxes) -> list:
+    return [(a[0], b[0]) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a[1].overlaps(b[1])]
+
+
+def test_stacked_bars_label_the_e2e_the_tables_print_and_clip_nothing(emulated_doc):
+    import matplotlib.pyplot as plt
+
+    case = emulated_doc["cases"][0]
+    fig = plots.stacked_bars_figure(case)
+    ax = fig.axes[0]
+    lo, hi = ax.get_ylim()
+    for bar in ax.patches:
+        y0, y1 = sorted((bar.get_y(), bar.get_y() + bar.get_height()))
+        assert lo <= y0 and y1 <= hi, "a bar reaches past the axes"
+    labels = _texts(fig)
+    assert not _overlaps(labels)
+    assert [lo <= t.get_position()[1] <= hi for t in ax.texts] == [True] * len(ax.texts)
+    for (text, _), v in zip(labels, case["variants"]):
+        assert text.split("\n")[0] == f"{render.e2e_of(v):,.0f} us (IQM)"  # the E2E of the tables, not the rows'
+    plt.close(fig)
+    assert_valid_png(plots.stacked_bars(case))
+    assert_valid_svg(plots.stacked_bars(case, "svg"))
+
+
+def test_negative_rows_hang_below_zero(model_doc):
+    import matplotlib.pyplot as plt
+
+    case = copy.deepcopy(model_doc["cases"][0])
+    for c in case["variants"][0]["components"]:
+        if c["name"] == "unattributed":
+            c["value_us"] = -50.0
+    fig = plots.stacked_bars_figure(case)
+    ax = fig.axes[0]
+    neg = [b for b in ax.patches if b.get_height() < 0]
+    assert len(neg) == 1 and neg[0].get_y() == 0.0 and ax.get_ylim()[0] <= -50.0
+    plt.close(fig)
+
+
+def test_timeline_names_never_overlap():
+    import matplotlib.pyplot as plt
+
     doc = profile_doc(random.Random(5), n_iter=3)
-    img = assert_valid_png(plots.timeline(doc["cases"][0]))
-    assert img.shape[0] > 100
+    case = doc["cases"][0]
+    for v in case["variants"]:  # many short phases with long names, as a real trace has
+        v["phases"] = [{"rank": r, "name": f"a_rather_long_kernel_name_{i}", "role": "compute", "start_us": 3.0 * i,
+                        "end_us": 3.0 * i + 2.5 + (40 if i == 7 else 0), "label": "measured", "parts": {}}
+                       for r in (0, 1) for i in range(8)]
+    fig = plots.timeline_figure(case)
+    labels = _texts(fig)
+    assert labels and not _overlaps(labels)
+    assert any(t.startswith("a_rather_long") for t, _ in labels)  # the long phase keeps its name
+    plt.close(fig)
+    assert_valid_png(plots.timeline(case))
+    assert_valid_svg(plots.timeline(case, "svg"))
 
 
 def test_timeline_png_of_model(model_doc):
     assert_valid_png(plots.timeline(model_doc["cases"][2]))
 
 
-def test_sweep_png():
+def test_sweep_lines_are_told_apart():
+    import matplotlib.pyplot as plt
+
     from taxes.hardware import BUILTIN
     from taxes.model import sweep
     from taxes.workloads import make_workload
 
     values = [1024, 2048, 4096, 8192]
-    preds = sweep(make_workload("ag-gemm", {}, 2), "M", values, BUILTIN["h100-sxm"])
-    e2e = {v: [ps[i].e2e_us for ps in preds] for i, v in enumerate(["bsp", "bsp-graph", "fused-pull", "fused-push"])}
+    names = ["bsp", "bsp-graph", "fused-pull", "fused-push", "fused-push-graph"]
+    preds = sweep(make_workload("ag-gemm", {}, 2), "M", values, BUILTIN["h100-sxm"], tuple(names))
+    e2e = {v: [ps[i].e2e_us for ps in preds] for i, v in enumerate(names)}
+    e2e["copy-of-bsp"] = list(e2e["bsp"])  # a series lying exactly on another
     taxes = {"bsp": {t: [ps[0].taxes_us()[t] for ps in preds] for t in TAXES}}
     ratio = [ps[0].e2e_us / min(ps[2].e2e_us, ps[3].e2e_us) for ps in preds]
+    fig = plots.sweep_figure("M", values, e2e, taxes, ratio, "sweep")
+    lines = fig.axes[0].get_lines()
+    styles = [(ln.get_marker(), ln.get_linestyle()) for ln in lines]
+    assert len(set(styles)) == len(styles), "two lines look the same"
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "bsp = copy-of-bsp" in legend
+    assert all(any(n in entry for entry in legend) for n in e2e)  # every variant is named
+    plt.close(fig)
     assert_valid_png(plots.sweep_lines("M", values, e2e, taxes, ratio, "sweep"))
-    assert_valid_png(plots.sweep_lines("M", values, e2e, taxes, None, "no ratio panel"))
+    assert_valid_svg(plots.sweep_lines("M", values, e2e, taxes, None, "no ratio panel", "svg"))
 
 
 # ---- documents load() accepts but the renderers cannot draw ----------------------------------------
@@ -174,7 +368,9 @@ _DELETE = object()
     [_set(("cases", 0, "variants", 0, "floor"), "none")],
     [_set(("cases", 0, "variants", 0, "floor", "hbm_us"), "fast")],
     [_set(("cases", 0, "variants", 0, "e2e_us", "p10"), 1.0), _set(("cases", 0, "variants", 0, "e2e_us", "p90"), _DELETE)],
-], ids=["git_commit-int", "gpu_names-int", "gpu_names-ints", "floor-string", "floor-value-string", "p10-without-p90"])
+    [_set(("cases", 0, "extra"), {"ladder": {"pairs": [{"bsp": 1}], "fused_vs_graph_us": "x"}})],
+], ids=["git_commit-int", "gpu_names-int", "gpu_names-ints", "floor-string", "floor-value-string", "p10-without-p90",
+        "ladder-junk"])
 def test_every_loadable_document_renders(model_doc, mutations):
     """A document is either rejected by validation with one line, or it renders."""
     for m in mutations:
@@ -186,3 +382,4 @@ def test_every_loadable_document_renders(model_doc, mutations):
         return
     render.render_markdown(doc)
     render.render_html(doc)
+    render.render_json(doc)

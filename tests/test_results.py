@@ -457,3 +457,53 @@ def test_empty_document_frames():
     results.validate(doc)
     assert results.components_frame(doc).empty and results.phases_frame(doc).empty
     assert len(results.samples_frame(doc).columns) == 8
+
+
+# ---- large documents: checked and summarised in passes over arrays, not per item -------------------
+
+
+def test_summaries_of_many_samples_match_the_definitions():
+    """summarize_samples (numpy) against taxes.attribute.iqm and pandas' quantiles, on random ragged-free
+    samples with ties."""
+    import numpy as np
+    import pandas as pd
+
+    from taxes.attribute import iqm
+
+    rng = np.random.default_rng(8)
+    for n in (1, 2, 3, 7, 30, 1001):
+        samples = [rng.integers(90, 110, n).astype(float).tolist() for _ in range(3)]
+        per_iter = [max(v) for v in zip(*samples)]
+        s = results.summarize_samples(samples)
+        assert s["iqm"] == iqm(per_iter)  # the same iterations kept, the same exact sum
+        q = pd.Series(per_iter).quantile([0.1, 0.5, 0.9]).tolist()
+        assert [s["p10"], s["median"], s["p90"]] == pytest.approx(q, rel=1e-12) and s["n"] == n
+
+
+def test_a_large_document_is_checked_without_visiting_each_number(monkeypatch):
+    """Defect: a 200 MB document took minutes to render: every sample went through per-item validation and
+    a Python sort. Long arrays of plain numbers now take one pass; the per-item validator is not called."""
+    import numpy as np
+
+    from taxes import schema
+
+    calls = []
+    real = schema._fast_ok
+
+    def spy(items, instance):
+        ok = real(items, instance)
+        calls.append((len(instance), ok))
+        return ok
+
+    monkeypatch.setattr(schema, "_fast_ok", spy)
+    rng = np.random.default_rng(1)
+    samples = [(100 + rng.random(200_000)).tolist() for _ in range(2)]
+    doc = results.new_document({"kind": "profile", "tool_version": "0", "world_size": 2, "hardware_profile": "x"})
+    doc["cases"].append({"workload": "ag-gemm", "shape": {"M": 1024}, "world": 2, "dtype": "bf16", "variants": [
+        {"variant": "bsp", "config": {}, "samples_us": samples, "e2e_us": results.summarize_samples(samples),
+         "phases": [], "components": [], "correctness": {"checked": False}}]})
+    results.validate(doc)
+    assert (200_000, True) in calls  # the samples: one pass
+    samples[1][123_456] = -1.0
+    with pytest.raises(TaxesError, match=r"samples_us\[1\]\[123456\]: -1.0 is impossible"):
+        results.validate(doc)  # a failing pass falls back to the item-by-item check, which names the item

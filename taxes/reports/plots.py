@@ -1,4 +1,11 @@
-"""Plots of result documents, each returned as PNG bytes (matplotlib's Agg backend, no display)."""
+"""Plots of result documents, each returned as PNG or SVG bytes (matplotlib's Agg backend, no display).
+
+Every plot function takes fmt="png" (default) or "svg"; the HTML report embeds SVG. What keeps them
+readable: the axes leave room for every bar and its label (negative rows hang below zero instead of
+overlapping the stack), a phase's name is drawn only where it fits inside its bar (shortened, else left
+out), and the lines of the sweep plot differ in marker and dash as well as colour, with series that lie on
+top of each other named together in the legend.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from taxes.attribute import ROWS as COMPONENTS  # noqa: E402
+from taxes.sanitize import printable  # noqa: E402
 
 COMPONENT_TITLES = {
     "ideal": "ideal (floor)", "compute": "compute (no floor known)", "launch": "kernel-launch tax",
@@ -28,51 +36,121 @@ COLORS = {
 ROLE_EDGE = {"compute": "#1f3b63", "communication": "#7a2e0e", "synchronisation": "#444444"}
 
 
-def _png(fig) -> bytes:
+FORMATS = ("png", "svg")
+
+
+def _png(fig, fmt: str = "png") -> bytes:
+    """The figure as PNG or SVG bytes (every artist kept: the saved area grows to hold the legend)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"plot format {fmt!r}: png or svg")
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    # svg.hashsalt: the same figure gives the same bytes; metadata Date None: no timestamp in the file
+    with matplotlib.rc_context({"svg.hashsalt": "taxes", "svg.fonttype": "path"}):
+        fig.savefig(buf, format=fmt, dpi=110, bbox_inches="tight",
+                    metadata={"Date": None} if fmt == "svg" else None)
     plt.close(fig)
     return buf.getvalue()
 
 
+def fmt_of(path: str) -> str:
+    """The plot format a file name asks for (its extension), or a ValueError naming the choices."""
+    ext = str(path).lower().rsplit(".", 1)[-1] if "." in str(path) else ""
+    if ext not in FORMATS:
+        raise ValueError(f"name the plot *.png or *.svg, not {path!r}")
+    return ext
+
+
 def case_title(case: dict) -> str:
     shape = ", ".join(f"{k}={v}" for k, v in case["shape"].items())
-    return f"{case['workload']} ({shape}; world {case['world']}, {case['dtype']})"
+    return printable(f"{case['workload']} ({shape}; world {case['world']}, {case['dtype']})")
+
+
+def _name(text) -> str:
+    """A name from a document as chart text: printable, never a control character, and a '$' shown as
+    itself (matplotlib reads $...$ as math, which a hostile name could make fail)."""
+    return printable(text, 80).replace("$", r"\$")
 
 
 def overall_components(var: dict) -> dict[str, float]:
     return {c["name"]: c["value_us"] for c in var["components"] if c["rank"] is None}
 
 
-def stacked_bars(case: dict) -> bytes:
-    """One bar per variant: E2E stacked by component."""
+def stacked_bars(case: dict, fmt: str = "png") -> bytes:
+    return _png(stacked_bars_figure(case), fmt)
+
+
+def e2e_label(v: dict) -> tuple[float | None, str]:
+    """The E2E a variant's bar is labelled with, and its statistic: the plain interquartile mean of a
+    measured variant (what every table prints), or the model's prediction."""
+    if v.get("plain_e2e_us") is not None:
+        return v["plain_e2e_us"], "IQM"
+    e = v.get("e2e_us") or {}
+    val = e.get("iqm", e.get("median"))
+    return val, ("predicted" if e.get("label") == "predicted" else "IQM" if e.get("iqm") is not None else "median")
+
+
+def stacked_bars_figure(case: dict):
+    """One bar per variant: its rows stacked (negative rows, such as a negative unattributed, hang below
+    zero), labelled with the variant's E2E as every table prints it; a measured variant's rows add up to
+    its instrumented E2E, marked on the bar when it differs from the plain one."""
     variants = [v for v in case["variants"] if overall_components(v)]
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * max(1, len(variants)), 4.2))
-    names = [v["variant"] for v in variants]
-    bottoms = [0.0] * len(variants)
+    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * max(1, len(variants)), 4.6))
+    x = list(range(len(variants)))
+    up, down = [0.0] * len(variants), [0.0] * len(variants)
     for comp in COMPONENTS:
         vals = [overall_components(v).get(comp, 0.0) for v in variants]
         if any(vals):
-            ax.bar(names, vals, bottom=bottoms, color=COLORS[comp], label=COMPONENT_TITLES[comp], width=0.6)
-            bottoms = [b + x for b, x in zip(bottoms, vals)]
+            base = [u if val >= 0 else d for u, d, val in zip(up, down, vals)]
+            ax.bar(x, vals, bottom=base, color=COLORS[comp], label=COMPONENT_TITLES[comp], width=0.6)
+            up = [u + max(val, 0.0) for u, val in zip(up, vals)]
+            down = [d + min(val, 0.0) for d, val in zip(down, vals)]
     for i, v in enumerate(variants):
-        label = v["e2e_us"]["label"][0]
-        ax.text(i, bottoms[i], f"{bottoms[i]:.0f} us ({label})", ha="center", va="bottom", fontsize=8)
+        e2e, stat = e2e_label(v)
+        text = f"{e2e:,.0f} us ({stat})" if e2e is not None else "no E2E"
+        if v.get("attributed_e2e_us") is not None and e2e and abs(v["attributed_e2e_us"] - e2e) > 0.005 * e2e:
+            ax.plot([i - 0.3, i + 0.3], [e2e, e2e], color="black", linewidth=1.5)
+            text += f"\nrows {v['attributed_e2e_us']:,.0f}"
+        ax.text(i, max(up[i], e2e or 0.0), text, ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, [_name(v["variant"]) for v in variants], fontsize=8, rotation=20 if len(variants) > 3 else 0,
+                  ha="right" if len(variants) > 3 else "center")
+    ax.axhline(0, color="black", linewidth=0.5)
     ax.set_ylabel("time per iteration (us)")
-    ax.set_title(case_title(case), fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_ylim(0, max(bottoms + [1.0]) * 1.12)
-    return _png(fig)
+    ax.set_title(_name(case_title(case)), fontsize=9)
+    handles, _ = ax.get_legend_handles_labels()
+    if any(v.get("attributed_e2e_us") is not None for v in variants):
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], color="black", linewidth=1.5,
+                              label="E2E (plain iterations); the bar: rows\n(instrumented iterations)"))
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    top = max(up + [e2e_label(v)[0] or 0.0 for v in variants] + [1.0])
+    ax.set_ylim(min(down + [0.0]) * 1.1, top * 1.25)  # room above the tallest bar for its two-line label
+    return fig
 
 
-def timeline(case: dict) -> bytes:
+def timeline(case: dict, fmt: str = "png") -> bytes:
+    return _png(timeline_figure(case), fmt)
+
+
+def _fit_label(name: str, width_px: float, fontsize: float, dpi: float) -> str | None:
+    """The phase name as it fits in width_px (shortened with '...'), or None when not even 3 characters do."""
+    per_char = 0.62 * fontsize * dpi / 72.0  # the width of an average character of the default font
+    room = int((width_px - 4) / per_char)
+    if room >= len(name):
+        return name
+    return name[:room - 3] + "..." if room >= 6 else None
+
+
+def timeline_figure(case: dict):
     """Per variant and rank, the phases of one iteration; each phase is split into its component parts
-    (the taxes shaded), device idle (launch tax) hatched."""
+    (the taxes shaded), device idle (launch tax) hatched. A phase's name is written inside its bar only
+    where it fits, so names never overlap."""
     rows = []  # (label, phases)
+    labels = []
     for var in case["variants"]:
         ranks = sorted({ph["rank"] for ph in var["phases"]})
         for r in ranks:
-            rows.append((f"{var['variant']} r{r}", [ph for ph in var["phases"] if ph["rank"] == r]))
+            rows.append((f"{_name(var['variant'])} r{r}", [ph for ph in var["phases"] if ph["rank"] == r]))
     fig, ax = plt.subplots(figsize=(10, 0.9 + 0.45 * max(1, len(rows))))
     for y, (label, phases) in enumerate(rows):
         t = 0.0
@@ -90,43 +168,63 @@ def timeline(case: dict) -> bytes:
                     x += width
             ax.broken_barh([(ph["start_us"], ph["end_us"] - ph["start_us"])], (y - 0.35, 0.7), facecolors="none",
                            edgecolors=ROLE_EDGE.get(ph["role"], "black"), linewidth=0.8)
-            if ph["end_us"] - ph["start_us"] > 0:
-                ax.text((ph["start_us"] + ph["end_us"]) / 2, y, ph["name"], ha="center", va="center", fontsize=6, color="white",
-                        clip_on=True)
             t = max(t, ph["end_us"])
+        labels.append((y, phases))
     ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("time from iteration start (us)")
-    ax.set_title(f"timeline: {case_title(case)}", fontsize=9)
+    ax.set_title(_name(f"timeline: {case_title(case)}"), fontsize=9)
+    ax.autoscale_view()
+    lo, hi = ax.get_xlim()
+    px_per_us = ax.get_window_extent().width / max(hi - lo, 1e-9)
+    for y, phases in labels:
+        for ph in phases:
+            name = _fit_label(_name(ph["name"]), (ph["end_us"] - ph["start_us"]) * px_per_us, 6, fig.dpi)
+            if name:
+                ax.text((ph["start_us"] + ph["end_us"]) / 2, y, name, ha="center", va="center", fontsize=6,
+                        color="white", clip_on=True)
     handles = [Patch(facecolor=COLORS[c], label=COMPONENT_TITLES[c]) for c in COMPONENTS if c not in ("launch",)]
     handles.append(Patch(facecolor="white", edgecolor=COLORS["launch"], hatch="////", label="idle: kernel-launch tax"))
     handles.append(Patch(facecolor=COLORS["launch"], label="launch inside a phase (host-bound, or traced)"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _png(fig)
+    return fig
 
 
-def predicted_vs_measured(case: dict) -> bytes:
-    """Per variant, two bars: measured (stacked by component) and the model's prediction (stacked)."""
+def predicted_vs_measured(case: dict, fmt: str = "png") -> bytes:
+    return _png(predicted_vs_measured_figure(case), fmt)
+
+
+def predicted_vs_measured_figure(case: dict):
+    """Per variant, two bars: the measured rows (stacked; their sum is the instrumented E2E, labelled
+    'rows') and the model's prediction (stacked, hatched, labelled 'model')."""
     variants = [v for v in case["variants"] if v.get("prediction") and overall_components(v)]
     fig, ax = plt.subplots(figsize=(1.6 + 1.6 * max(1, len(variants)), 4.2))
+    tops = []
     for i, v in enumerate(variants):
-        for x, comps, hatch in ((i - 0.2, overall_components(v), None), (i + 0.2, v["prediction"]["components"], "//")):
+        for x, comps, hatch, what in ((i - 0.2, overall_components(v), None, "rows"),
+                                      (i + 0.2, v["prediction"]["components"], "//", "model")):
             bottom = 0.0
             for comp in COMPONENTS:
                 val = comps.get(comp, 0.0)
                 if val > 0:
                     ax.bar(x, val, 0.38, bottom=bottom, color=COLORS[comp], hatch=hatch, edgecolor="white", linewidth=0.3)
                     bottom += val
-            ax.text(x, bottom, f"{bottom:.0f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(variants)), [f"{v['variant']}\nmeasured | predicted" for v in variants], fontsize=7)
+            ax.text(x, bottom, f"{what}\n{bottom:,.0f}", ha="center", va="bottom", fontsize=6)
+            tops.append(bottom)
+    ax.set_ylim(0, max(tops + [1.0]) * 1.15)
+    ax.set_xticks(range(len(variants)), [f"{_name(v['variant'])}\nmeasured | predicted" for v in variants], fontsize=7)
     ax.set_ylabel("time per iteration (us)")
-    ax.set_title(f"measured (left) and predicted (right, hatched): {case_title(case)}", fontsize=9)
+    ax.set_title(_name(f"measured (left) and predicted (right, hatched): {case_title(case)}"), fontsize=9)
     handles = [Patch(facecolor=COLORS[c], label=COMPONENT_TITLES[c]) for c in COMPONENTS]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _png(fig)
+    return fig
 
 
-def cta_waits(case: dict) -> bytes:
+def cta_waits(case: dict, fmt: str = "png") -> bytes:
+    return _png(cta_waits_figure(case), fmt)
+
+
+def cta_waits_figure(case: dict):
     """Fused variants' traced kernels, rank 0's last traced iteration: each CTA's active span (from the
     earliest CTA start) with the share of it spent waiting on flags shaded red."""
     panels = [(v["variant"], name, rows) for v in case["variants"] for name, rows in (v.get("cta_timeline") or {}).items()
@@ -140,36 +238,69 @@ def cta_waits(case: dict) -> bytes:
             ax.broken_barh([(s, e - s)], (i - 0.4, 0.8), facecolors="#4C72B0", linewidth=0)
             if w > 0:
                 ax.broken_barh([(s, w)], (i - 0.4, 0.8), facecolors=COLORS["sync_wait"], linewidth=0)
-        ax.set_title(f"{variant}: {name} ({len(rows)} CTAs)", fontsize=8)
+        ax.set_title(f"{_name(variant)}: {_name(name)} ({len(rows)} CTAs)", fontsize=8)
         ax.set_xlabel("us from the first CTA's start", fontsize=8)
         ax.set_ylabel("CTA", fontsize=8)
         ax.invert_yaxis()
     handles = [Patch(facecolor="#4C72B0", label="active"),
                Patch(facecolor=COLORS["sync_wait"], label="waiting on flags (total, drawn first)")]
     axes[0][-1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(case_title(case), fontsize=9)
-    return _png(fig)
+    fig.suptitle(_name(case_title(case)), fontsize=9)
+    return fig
 
 
 TAX_COLORS = {"bulk-synchronous": "#C44E52", "data-locality": "#8172B3", "kernel-launch": "#DA8BC3"}
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
+DASHES = ("-", "--", "-.", ":")
+
+
+def same_series(series: dict[str, list[float]], rel: float = 1e-3) -> dict[str, str]:
+    """{name: the first earlier name whose values it repeats (within rel)}: lines drawn on top of each other."""
+    out: dict[str, str] = {}
+    names = list(series)
+    for i, a in enumerate(names):
+        for b in names[:i]:
+            if b not in out and len(series[a]) == len(series[b]) and all(
+                    abs(x - y) <= rel * max(abs(x), abs(y), 1e-12) for x, y in zip(series[a], series[b])):
+                out[a] = b
+                break
+    return out
+
+
 def sweep_lines(dim: str, values: list[int], e2e: dict[str, list[float]],
-                taxes: dict[str, dict[str, list[float]]], ratio: list[float] | None, title: str) -> bytes:
+                taxes: dict[str, dict[str, list[float]]], ratio: list[float] | None, title: str,
+                fmt: str = "png") -> bytes:
+    return _png(sweep_figure(dim, values, e2e, taxes, ratio, title), fmt)
+
+
+def sweep_figure(dim: str, values: list[int], e2e: dict[str, list[float]],
+                 taxes: dict[str, dict[str, list[float]]], ratio: list[float] | None, title: str):
     """Three panels against one dimension: E2E per variant; the three taxes of bsp (solid) and of the
-    best fused variant (dashed); the bsp / best-fused E2E ratio."""
+    best fused variant (dashed); the bsp / best-fused E2E ratio. Each variant's line has its own colour,
+    marker and dash; a line that repeats another's values is drawn with a larger hollow marker beneath and
+    named with it in the legend ("fused-push = fused-pull")."""
     panels = 3 if ratio is not None else 2
-    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.2))
+    fig, axes = plt.subplots(1, panels, figsize=(5.4 * panels, 4.4))
     ax = axes[0]
-    for name, ys in e2e.items():
-        ax.plot(values, ys, marker="o", markersize=3, label=name)
+    twins = same_series(e2e)
+    names = list(e2e)
+    for i, name in enumerate(names):
+        label = name + "".join(f" = {other}" for other, first in twins.items() if first == name)
+        if name in twins:
+            continue  # drawn as part of the line it repeats
+        n_twins = sum(1 for first in twins.values() if first == name)
+        ax.plot(values, e2e[name], marker=MARKERS[i % len(MARKERS)], linestyle=DASHES[i % len(DASHES)],
+                markersize=4 + 3 * n_twins, markerfacecolor="none" if n_twins else None, label=label)
     ax.set_ylabel("E2E, us per iteration")
     ax.set_title("E2E", fontsize=9)
     ax = axes[1]
     for who, series in taxes.items():
         for tax, ys in series.items():
-            ax.plot(values, [y if y > 0 else float("nan") for y in ys], "--" if who != "bsp" else "-", marker="o",
-                    markersize=3, color=TAX_COLORS[tax], label=f"{who}: {tax}")
+            ax.plot(values, [y if y > 0 else float("nan") for y in ys], "--" if who != "bsp" else "-",
+                    marker="o" if who == "bsp" else "s", markersize=4 if who == "bsp" else 3,
+                    markerfacecolor="none" if who == "bsp" else None, color=TAX_COLORS[tax], label=f"{who}: {tax}")
     ax.set_ylabel("tax, us per iteration")
     ax.set_title("taxes (zero values not drawn)", fontsize=9)
     if ratio is not None:
@@ -185,6 +316,6 @@ def sweep_lines(dim: str, values: list[int], e2e: dict[str, list[float]],
             ax.set_yscale("log")
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3, which="both")
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(_name(title), fontsize=10)
     fig.tight_layout()
-    return _png(fig)
+    return fig

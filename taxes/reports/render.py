@@ -1,10 +1,27 @@
-"""Render result documents: terminal (rich), Markdown, JSON summary, self-contained HTML."""
+"""Render result documents: terminal (rich), Markdown, JSON (the document with its report), HTML (jinja2).
+
+Every view reads the same way, verdict first:
+1. a title naming the workload(s) and the machine (GPU names, world), and marks that change how to read
+   the numbers: EMULATED (the kernels ran under Triton's interpreter: times mean nothing), PREDICTED (a
+   model document), PERTURBED (measuring cost more than 3% of a variant's plain E2E);
+2. the summary: per case the best variant, its E2E, its speed-up against bsp and against bsp-graph, the
+   taxes that matter (bsp's, and what is left in the best variant), and the measurement's checks, failed
+   ones in colour;
+3. the details per case: one E2E per variant, its statistic named (the interquartile mean of the plain
+   iterations, `plain_e2e_us`, else `e2e_us.iqm`; a model's prediction), [p10-p90] its spread; measured
+   variants add what their rows add up to (`attributed_e2e_us`, the instrumented iterations) and the
+   measurement cost between the two; then the rows, the taxes, the model, the speed-ups, correctness;
+   floors, the ablation ladder, per-rank rows, and the checks.
+
+Strings from documents reach every output through taxes.sanitize (terminal, Markdown) or jinja2's
+autoescape (HTML).
+"""
 
 from __future__ import annotations
 
 import base64
-import html
 import json
+import math
 
 from taxes.attribute import TAXES
 from taxes.reports.plots import (
@@ -17,11 +34,22 @@ from taxes.reports.plots import (
     stacked_bars,
     timeline,
 )
+from taxes.sanitize import markdown as md_escape
+from taxes.sanitize import printable
 from taxes.variants import lookup
 
 LABEL_MARK = {"measured": "m", "derived": "d", "predicted": "p"}
-LEGEND = ("labels: m measured, d derived, p predicted; times in us per iteration, interquartile means (the mean of "
-          "the iterations ranked between the 25th and 75th percentile), [p10-p90] the spread")
+STATISTIC = "interquartile mean"
+PERTURBED_SHARE = 0.03  # as taxes.document.PERTURBED: measuring cost above this share of plain E2E
+E2E_ROW = "E2E: interquartile mean [p10-p90]"
+E2E_ROW_MODEL = "E2E: predicted"
+LEGEND = ("labels: m measured, d derived, p predicted; times in us per iteration; E2E is the interquartile mean "
+          "(the mean of the iterations ranked between the 25th and 75th percentile) of the plain iterations, "
+          "[p10-p90] their 10th and 90th percentiles")
+MATTER_SHARE = 0.02  # a tax worth naming in the summary: at least this share of the variant's E2E
+
+
+# ---- what every view shows ------------------------------------------------------------------------
 
 
 def e2e_of(v: dict) -> float | None:
@@ -35,15 +63,31 @@ def e2e_of(v: dict) -> float | None:
 
 def baseline(case: dict, rung: str) -> float | None:
     """The E2E of the case's bsp (rung "bsp") or graph (rung "graph") variant."""
+    v = baseline_variant(case, rung)
+    return e2e_of(v) if v is not None else None
+
+
+def baseline_variant(case: dict, rung: str) -> dict | None:
     for v in case["variants"]:
         x = lookup(v["variant"])
         if x is not None and x.rung == rung and v["variant"] in ("bsp", "all-bsp", "bsp-graph", "all-graph"):
-            return e2e_of(v)
+            return v
     return None
 
 
+def usable(v: dict) -> bool:
+    """A variant whose E2E counts: it has one, and it did not fail its check or error."""
+    return (e2e_of(v) is not None and e2e_of(v) > 0 and v["correctness"].get("passed") is not False
+            and not (v.get("config") or {}).get("error"))
+
+
+def best_variant(case: dict) -> dict | None:
+    ok = [v for v in case["variants"] if usable(v)]
+    return min(ok, key=e2e_of) if ok else None
+
+
 def _fmt(v: float | None) -> str:
-    if v is None:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
     return f"{v:,.1f}" if abs(v) < 1e5 else f"{v:,.0f}"
 
@@ -52,30 +96,172 @@ def _labels(var: dict) -> dict[str, str]:
     return {c["name"]: c["label"] for c in var["components"] if c["rank"] is None}
 
 
+def tax_values(v: dict) -> dict[str, float]:
+    oc = overall_components(v)
+    return {t: math.fsum(oc.get(p, 0.0) for p in parts) for t, parts in TAXES.items()} if oc else {}
+
+
+def is_model(doc: dict) -> bool:
+    return doc["metadata"].get("kind") == "model"
+
+
+def is_emulated(doc: dict) -> bool:
+    return bool(doc["metadata"].get("emulated"))
+
+
+def perturbed(v: dict) -> bool:
+    """Measuring cost more than 3% of the plain E2E (the document's flag, or its numbers)."""
+    if v.get("perturbed"):
+        return True
+    c, p = v.get("measurement_cost_us"), v.get("plain_e2e_us")
+    return c is not None and bool(p) and c > PERTURBED_SHARE * p
+
+
+def machine(doc: dict) -> str:
+    """'2 x NVIDIA H200', 'NVIDIA H100, NVIDIA H200', 'emulated CPU ranks' or the model's hardware profile."""
+    m = doc["metadata"]
+    if is_model(doc):
+        return f"{m['hardware_profile']} (model)"
+    if is_emulated(doc):
+        return "emulated CPU ranks"
+    gpus = [str(g) for g in (m.get("gpu_names") or [])]
+    if not gpus:
+        return "unnamed GPUs"
+    if len(set(gpus)) == 1:
+        return f"{len(gpus)} x {gpus[0]}"
+    return ", ".join(gpus)
+
+
+def title(doc: dict) -> str:
+    """The report's title: the workload(s), the machine and the world."""
+    workloads = list(dict.fromkeys(c["workload"] for c in doc["cases"])) or ["no cases"]
+    n = len(doc["cases"])
+    what = ", ".join(workloads) + (f" ({n} cases)" if n > 1 else "")
+    return f"{what} on {machine(doc)}, world {doc['metadata']['world_size']}"
+
+
+def marks(doc: dict) -> list[tuple[str, str]]:
+    """(MARK, what it means) for everything that changes how the numbers read; most important first."""
+    out = []
+    if is_emulated(doc):
+        out.append(("EMULATED", "the kernels ran under Triton's interpreter on CPU ranks: correctness only, "
+                                "the times mean nothing"))
+    if is_model(doc):
+        out.append(("PREDICTED", "every number comes from the analytical model, nothing was measured"))
+    hit = [f"{c['workload']} {_shape(c)} {v['variant']}" for c in doc["cases"] for v in c["variants"] if perturbed(v)]
+    if hit:
+        out.append(("PERTURBED", f"measuring cost more than {PERTURBED_SHARE:.0%} of plain E2E for {len(hit)} "
+                                 f"variant(s): " + ", ".join(hit[:6]) + (" ..." if len(hit) > 6 else "")))
+    old = sum(1 for c in doc["cases"] for v in c["variants"] if not (v.get("attribution") or {}).get("available", True))
+    if old:
+        out.append(("NO ROWS", f"{old} variant(s) were measured under attribution rules since replaced: their E2E "
+                               "and ratios stand, their rows are not shown"))
+    if doc["metadata"].get("git_dirty"):
+        out.append(("DIRTY", "made from a checkout with uncommitted changes"))
+    return out
+
+
+def _shape(case: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in case["shape"].items())
+
+
+def _ratio(base: float | None, v: dict) -> str:
+    e = e2e_of(v)
+    return f"{base / e:.2f}x" if base and e else "-"
+
+
+def _taxes_text(v: dict | None) -> str:
+    """The taxes worth naming of a variant: at least MATTER_SHARE of its E2E, largest first."""
+    if v is None:
+        return "-"
+    taxes, e2e = tax_values(v), v.get("attributed_e2e_us") or e2e_of(v)
+    if not taxes:
+        return "rows not available" if not (v.get("attribution") or {}).get("available", True) else "-"
+    big = sorted(((t, x) for t, x in taxes.items() if e2e and x >= MATTER_SHARE * e2e), key=lambda tx: -tx[1])
+    return "; ".join(f"{t} {_fmt(x)} ({x / e2e:.0%})" for t, x in big) or "none over 2%"
+
+
+def checks_by_case(doc: dict):
+    """{(workload, shape text): frame of its checks} for measured documents (taxes/checks.py)."""
+    if doc["metadata"].get("kind") != "profile":
+        return {}
+    from taxes.checks import checks_frame
+
+    frame = checks_frame(doc)
+    return {key: grp for key, grp in frame.groupby(["workload", "shape"], sort=False)} if not frame.empty else {}
+
+
+def _checks_text(frame) -> tuple[str, bool]:
+    """('all 12 hold' | '3 of 12 FAIL: measurement (fused-pull), ...', failed?)"""
+    if frame is None or frame.empty:
+        return "-", False
+    bad = frame[~frame["ok"]]
+    if bad.empty:
+        return f"all {len(frame)} hold", False
+    names = ", ".join(f"{r.check} ({r.variant})" for r in bad.head(4).itertuples())
+    return f"{len(bad)} of {len(frame)} FAIL: {names}" + (" ..." if len(bad) > 4 else ""), True
+
+
+SUMMARY_HEADER = ["case", "best variant", "its time us", "vs bsp", "vs bsp-graph", "taxes of bsp (share)",
+                  "taxes left in the best (share)", "checks"]
+
+
+def summary_rows(doc: dict) -> tuple[list[str], list[list[str]], list[bool]]:
+    """The verdict per case: SUMMARY_HEADER, rows of strings, and per row whether a check failed."""
+    checks = checks_by_case(doc)
+    rows, failed = [], []
+    stat = "predicted" if is_model(doc) else "IQM"
+    for case in doc["cases"]:
+        best = best_variant(case)
+        bsp, graph = baseline_variant(case, "bsp"), baseline_variant(case, "graph")
+        check_text, bad = _checks_text(checks.get((case["workload"], _shape(case))))
+        if best is None:
+            rows.append([f"{case['workload']} {_shape(case)}", "none usable", "-", "-", "-", _taxes_text(bsp), "-",
+                         check_text])
+        else:
+            rows.append([f"{case['workload']} {_shape(case)}", best["variant"] + (" PERTURBED" if perturbed(best) else ""),
+                         f"{_fmt(e2e_of(best))} ({stat})", _ratio(e2e_of(bsp) if bsp else None, best),
+                         _ratio(e2e_of(graph) if graph else None, best), _taxes_text(bsp), _taxes_text(best), check_text])
+        failed.append(bad)
+    # a column nothing fills (no bsp, no rows, no checks) says nothing: leave it out
+    keep = [i for i, h in enumerate(SUMMARY_HEADER) if i < 2 or any(r[i] not in ("-", "rows not available") for r in rows)]
+    return [SUMMARY_HEADER[i] for i in keep], [[r[i] for i in keep] for r in rows], failed
+
+
+def failed_checks(doc: dict) -> list[str]:
+    """One line per failing check row."""
+    out = []
+    for frame in checks_by_case(doc).values():
+        for r in frame[~frame["ok"]].itertuples():
+            err = "-" if r.error is None or r.error != r.error else f"{100 * r.error:+.1f}%"
+            out.append(f"{r.check} {r.workload} {r.shape} {r.variant} ({r.where}): error {err}, limit {100 * r.limit:.1f}%")
+    return out
+
+
 def case_rows(case: dict) -> tuple[list[str], list[list[str]]]:
     """The attribution table of one case: a header and rows of strings, one column per variant. The first
-    row is the E2E every ratio uses; rows of a measured variant add up to the instrumented E2E printed with
-    them, and the measurement cost is the difference between the two."""
+    row is the E2E every ratio uses, its statistic named; rows of a measured variant add up to the
+    instrumented E2E printed below it, and the measurement cost is the difference between the two."""
     variants = case["variants"]
     header = ["us per iteration"] + [v["variant"] for v in variants]
     rows = []
 
     def e2e_cell(v):
         e, val = v["e2e_us"], e2e_of(v)
-        spread = f" [{_fmt(e.get('p10'))}-{_fmt(e.get('p90'))}]" if e.get("p10") is not None else ""
+        spread = f" [{_fmt(e.get('p10'))}-{_fmt(e.get('p90'))}]" if e.get("p10") is not None and e.get("p90") is not None else ""
         return f"{_fmt(val)}{spread} {LABEL_MARK[e['label']]}"
 
-    measured = any(v.get("samples_us") for v in variants)
-    rows.append(["E2E" + (" (plain)" if measured else "")] + [e2e_cell(v) for v in variants])
+    predicted = all(v["e2e_us"]["label"] == "predicted" for v in variants) and variants
+    rows.append([E2E_ROW_MODEL if predicted else E2E_ROW] + [e2e_cell(v) for v in variants])
     if any(v.get("attributed_e2e_us") is not None for v in variants):
-        rows.append(["E2E the rows add up to (instrumented)"] + [
+        rows.append(["rows add up to (instrumented E2E)"] + [
             f"{_fmt(v['attributed_e2e_us'])} m" if v.get("attributed_e2e_us") is not None else "-" for v in variants])
 
         def cost_cell(v):
             c, p = v.get("measurement_cost_us"), v.get("plain_e2e_us")
             if c is None or not p:
                 return "-"
-            return f"{c:+,.1f} ({100 * c / p:+.1f}%)" + (" PERTURBED" if v.get("perturbed") else "")
+            return f"{c:+,.1f} ({100 * c / p:+.1f}%)" + (" PERTURBED" if perturbed(v) else "")
         rows.append(["measurement cost (instrumented - plain)"] + [cost_cell(v) for v in variants])
     core = ("ideal", "launch", "sync_wait", "exposed_transfer", "locality", "inefficiency", "unattributed")
     has = any(overall_components(v) for v in variants)
@@ -85,15 +271,11 @@ def case_rows(case: dict) -> tuple[list[str], list[list[str]]]:
         cells = []
         for v in variants:
             val = overall_components(v).get(comp)
-            cells.append("-" if val is None else f"{_fmt(val)} {LABEL_MARK[_labels(v)[comp]]}")
+            cells.append("-" if val is None else f"{_fmt(val)} {LABEL_MARK.get(_labels(v).get(comp), '?')}")
         rows.append([COMPONENT_TITLES[comp]] + cells)
     if present:
-        for tax, parts in TAXES.items():
-            cells = []
-            for v in variants:
-                oc = overall_components(v)
-                cells.append(_fmt(sum(oc.get(p, 0.0) for p in parts)) if oc else "-")
-            rows.append([f"= {tax} tax"] + cells)
+        for tax in TAXES:
+            rows.append([f"= {tax} tax"] + [_fmt(tax_values(v)[tax]) if overall_components(v) else "-" for v in variants])
     if any(not (v.get("attribution") or {}).get("available", True) for v in variants):
         rows.append(["rows"] + ["not available (older rules)" if not (v.get("attribution") or {}).get("available", True)
                                 else "shown" for v in variants])
@@ -105,10 +287,10 @@ def case_rows(case: dict) -> tuple[list[str], list[list[str]]]:
             err = f" ({100 * (pr['e2e_us'] - med) / med:+.0f}%)" if med else ""
             return f"{_fmt(pr['e2e_us'])} p{err}"
         rows.append(["model E2E (error)"] + [pred_cell(v) for v in variants])
-    for rung, title in (("bsp", "speed-up vs bsp"), ("graph", "speed-up vs bsp-graph")):
+    for rung, name in (("bsp", "speed-up vs bsp"), ("graph", "speed-up vs bsp-graph")):
         base = baseline(case, rung)
         if base:
-            rows.append([title] + [f"{base / e2e_of(v):.2f}x" if e2e_of(v) else "-" for v in variants])
+            rows.append([name] + [_ratio(base, v) for v in variants])
     if any(v["correctness"].get("checked") for v in variants):
         rows.append(["correct (rel. error)"] + [_correct_cell(v["correctness"]) for v in variants])
     return header, rows
@@ -147,15 +329,23 @@ def ladder_rows(case: dict) -> tuple[list[str], list[list[str]]] | None:
     """The ablation ladder beside the timeline: two measures of what a graph removes, which should agree."""
     lad = (case.get("extra") or {}).get("ladder") or {}
     rows = []
-    for p in lad.get("pairs", []):
-        rows.append([f"E2E({p['bsp']}) - E2E({p['graph']}), plain (derived)", _fmt(p["plain_us"])])
+    for p in lad.get("pairs", []) if isinstance(lad.get("pairs"), list) else []:
+        if not isinstance(p, dict) or not {"bsp", "graph", "plain_us"} <= set(p):
+            continue
+        rows.append([f"E2E({p['bsp']}) - E2E({p['graph']}), plain (derived)", _fmt(_num(p["plain_us"]))])
         if p.get("timeline_us") is not None:
-            rows.append([f"launch + host_bound of {p['bsp']} minus {p['graph']}'s, timeline (measured)", _fmt(p["timeline_us"])])
+            rows.append([f"launch + host_bound of {p['bsp']} minus {p['graph']}'s, timeline (measured)",
+                         _fmt(_num(p["timeline_us"]))])
             rows.append([f"{p['graph']}: its replay's launch and the gaps inside it (a graph keeps these)",
-                         _fmt(p.get("graph_residual_us"))])
+                         _fmt(_num(p.get("graph_residual_us")))])
     if "fused_vs_graph_us" in lad:
-        rows.append([f"E2E(best graph) - E2E({lad['best_fused']}), plain (derived)", _fmt(lad["fused_vs_graph_us"])])
+        rows.append([f"E2E(best graph) - E2E({lad.get('best_fused')}), plain (derived)", _fmt(_num(lad["fused_vs_graph_us"]))])
     return (["ablation ladder", "us"], rows) if rows else None
+
+
+def _num(x) -> float | None:
+    """A number from a free-form part of a document (case.extra), or None."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
 def pct(x) -> str:
@@ -167,8 +357,8 @@ def checks_summary_rows(frame, title: str = "check") -> tuple[list[str], list[li
     """One row per check of a taxes.checks frame: its limit, how many rows hold, the worst error."""
     from taxes.checks import checks_summary
 
-    rows = [[r.check, f"{100 * r.limit:.0f}%", f"{r.ok} of {r.of}", pct(r.worst_error)]
-            for r in checks_summary(frame).itertuples()]
+    rows = [[r.check, f"{100 * r.limit:.1f}%", f"{r.ok} of {r.of}" + ("" if r.ok == r.of else " FAIL"),
+             pct(r.worst_error)] for r in checks_summary(frame).itertuples()]
     return [title, "limit", "holds", "worst error"], rows
 
 
@@ -186,137 +376,204 @@ def checks_rows(doc: dict) -> tuple[list[str], list[list[str]]] | None:
 
 def _meta_line(doc: dict) -> str:
     m = doc["metadata"]
-    gpus = ", ".join(m.get("gpu_names") or []) or "no GPU"
-    commit = (m.get("git_commit") or "unknown")[:10] + (" + uncommitted changes" if m.get("git_dirty") else "")
-    return (f"{m['kind']} by taxes {m['tool_version']} (commit {commit}), {m.get('date', '?')}; hardware profile "
-            f"{m['hardware_profile']}; world {m['world_size']}; {gpus}; torch {m.get('torch_version')}, "
-            f"triton {m.get('triton_version')}")
+    gpus = ", ".join(str(g) for g in (m.get("gpu_names") or [])) or "no GPU"
+    commit = str(m.get("git_commit") or "unknown")[:10] + (" + uncommitted changes" if m.get("git_dirty") else "")
+    return printable(f"{m['kind']} by taxes {m['tool_version']} (commit {commit}), {m.get('date', '?')}; hardware "
+                     f"profile {m['hardware_profile']}; world {m['world_size']}; {gpus}; torch "
+                     f"{m.get('torch_version')}, triton {m.get('triton_version')}")
+
+
+def sections(doc: dict) -> list[tuple[str, list[tuple[str | None, list[str], list[list[str]]]]]]:
+    """The details after the summary: per case (title, [(table title, header, rows)])."""
+    out = []
+    for case in doc["cases"]:
+        tables = [(None, *case_rows(case))]
+        for title_, fn in (("floor", floor_rows), ("ablation ladder", ladder_rows), ("per rank", per_rank_rows)):
+            t = fn(case)
+            if t:
+                tables.append((title_, *t))
+        out.append((case_title(case), tables))
+    return out
 
 
 # ---- terminal -------------------------------------------------------------------------------------
 
+_MARK_STYLE = {"EMULATED": "bold red", "PREDICTED": "bold yellow", "PERTURBED": "bold red", "NO ROWS": "yellow",
+               "DIRTY": "yellow"}
+_ROW_STYLE = {E2E_ROW: "bold", E2E_ROW_MODEL: "bold", "speed-up vs bsp": "bold"}
 
-def render_terminal(doc: dict, console) -> None:
-    from rich.table import Table
 
-    for case in doc["cases"]:
-        header, rows = case_rows(case)
-        table = Table(title=case_title(case), title_style="bold", show_lines=False)
-        for i, h in enumerate(header):
-            table.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
-        for row in rows:
-            style = "bold" if row[0] in ("E2E", "speed-up vs bsp") else ("dim" if row[0].startswith("=") else None)
-            table.add_row(*row, style=style)
-        console.print(table)
+def render_terminal(doc: dict, console, head: bool = True) -> None:
+    """The report on a rich console: title, marks, summary, failed checks, then the details (every table
+    folded to the console's width, never cut)."""
+    from taxes.console import print_table, text
+
+    if head:
+        console.print(text(title(doc), "bold"))
+        for mark, why in marks(doc):
+            console.print(text(f"{mark}: {why}", _MARK_STYLE.get(mark)))
+        header, rows, failed = summary_rows(doc)
+        if rows:
+            checks = header.index("checks") if "checks" in header else -1
+            print_table(console, "summary", header, rows, left=1, text_columns=(1,),
+                        cell_styles={(i, checks): "bold red" for i, bad in enumerate(failed) if bad})
+        for line in failed_checks(doc):
+            console.print(text(f"FAILED check: {line}", "bold red"))
+    for case_name, tables in sections(doc):
+        console.print()
+        console.print(text(case_name, "bold underline"))
+        for name, header, rows in tables:
+            styles = [_ROW_STYLE.get(r[0], "dim" if r[0].startswith("=") else None) for r in rows]
+            print_table(console, name, header, rows, left=2 if name == "per rank" else 1, row_styles=styles)
+    cr = checks_rows(doc)
+    if cr:
+        bad = {i: "bold red" for i, r in enumerate(cr[1]) if r[2].endswith("FAIL")}
+        print_table(console, "checks of the measurement", *cr, cell_styles={(i, 2): s for i, s in bad.items()})
 
 
 # ---- Markdown -------------------------------------------------------------------------------------
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> str:
-    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-    lines = ["| " + " | ".join(esc(h) for h in header) + " |",
+    """A Markdown table; every cell passes taxes.sanitize.markdown (no HTML, pipes or line breaks get
+    through)."""
+    lines = ["| " + " | ".join(md_escape(h) for h in header) + " |",
              "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
-    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
 def render_markdown(doc: dict) -> str:
-    out = ["# taxes report", "", _meta_line(doc), "", LEGEND, ""]
-    for case in doc["cases"]:
-        out += [f"## {case_title(case)}", "", md_table(*case_rows(case)), ""]
-        fr = floor_rows(case)
-        if fr:
-            out += [md_table(*fr), ""]
-        lr = ladder_rows(case)
-        if lr:
-            out += [md_table(*lr), ""]
-        pr = per_rank_rows(case)
-        if pr:
-            out += ["Per rank:", "", md_table(*pr), ""]
+    out = [f"# {md_escape(title(doc))}", ""]
+    for mark, why in marks(doc):
+        out += [f"> **{mark}**: {md_escape(why)}", ""]
+    out += [md_escape(_meta_line(doc)), ""]
+    header, rows, failed = summary_rows(doc)
+    if rows:
+        out += ["## Summary", "", md_table(header, rows), ""]
+    bad = failed_checks(doc)
+    if bad:
+        out += ["**Failed checks:**", ""] + [f"- **FAILED** {md_escape(line)}" for line in bad] + [""]
+    out += [md_escape(LEGEND), ""]
+    for case_name, tables in sections(doc):
+        out += [f"## {md_escape(case_name)}", ""]
+        for name, header, rows in tables:
+            out += ([f"{name.capitalize()}:", ""] if name == "per rank" else []) + [md_table(header, rows), ""]
     cr = checks_rows(doc)
     if cr:
         out += ["## Checks of the measurement", "", md_table(*cr), ""]
     return "\n".join(out)
 
 
-# ---- JSON summary ---------------------------------------------------------------------------------
+# ---- JSON: the document and its report --------------------------------------------------------------
 
 
 def summary(doc: dict) -> dict:
-    """Per case and variant: E2E (plain and attributed), the rows, the taxes and the speed-ups."""
+    """What the views show, as data: the title, the marks, and per case and variant the E2E (its
+    statistic named), the rows, the taxes, the speed-ups and the verdict."""
     cases = []
+    checks = checks_by_case(doc)
     for case in doc["cases"]:
         bsp, graph = baseline(case, "bsp"), baseline(case, "graph")
+        best = best_variant(case)
         variants = []
         for v in case["variants"]:
             oc = overall_components(v)
             e2e = e2e_of(v)
             variants.append({
-                "variant": v["variant"], "e2e_us": v["e2e_us"], "plain_e2e_us": v.get("plain_e2e_us"),
+                "variant": v["variant"], "e2e_us": e2e,
+                "statistic": "predicted" if v["e2e_us"].get("label") == "predicted" else STATISTIC,
+                "p10_us": v["e2e_us"].get("p10"), "p90_us": v["e2e_us"].get("p90"),
                 "attributed_e2e_us": v.get("attributed_e2e_us"), "measurement_cost_us": v.get("measurement_cost_us"),
-                "perturbed": v.get("perturbed"), "rows_available": (v.get("attribution") or {}).get("available", bool(oc)),
-                "components_us": oc, "labels": _labels(v),
-                "taxes_us": {t: sum(oc.get(p, 0.0) for p in parts) for t, parts in TAXES.items()} if oc else {},
+                "perturbed": perturbed(v), "rows_available": (v.get("attribution") or {}).get("available", bool(oc)),
+                "components_us": oc, "labels": _labels(v), "taxes_us": tax_values(v),
                 "speedup_vs_bsp": (bsp / e2e) if bsp and e2e else None,
                 "speedup_vs_bsp_graph": (graph / e2e) if graph and e2e else None,
-                "correctness": v["correctness"],
+                "correct": v["correctness"].get("passed"),
             })
-        cases.append({k: case[k] for k in ("workload", "shape", "world", "dtype")} | {"variants": variants})
-    return {"metadata": doc["metadata"], "statistic": "interquartile mean", "cases": cases}
+        frame = checks.get((case["workload"], _shape(case)))
+        cases.append({k: case[k] for k in ("workload", "shape", "world", "dtype")} | {
+            "best_variant": best["variant"] if best else None,
+            "checks_failed": int((~frame["ok"]).sum()) if frame is not None else 0,
+            "checks": int(len(frame)) if frame is not None else 0,
+            "variants": variants})
+    return {"title": title(doc), "marks": [m for m, _ in marks(doc)], "statistic": STATISTIC, "cases": cases}
 
 
 def render_json(doc: dict) -> str:
-    return json.dumps(summary(doc), indent=1, allow_nan=False) + "\n"
+    """The document itself (valid against taxes/schema/result-v1.json, so it loads back) with its report
+    under "report"."""
+    from taxes.results import dumps
+
+    out = {k: v for k, v in doc.items() if k != "report"} | {"report": summary(doc)}
+    return dumps(out)
 
 
 # ---- HTML -----------------------------------------------------------------------------------------
 
 
+def _data_uri(data: bytes, fmt: str) -> str:
+    mime = {"png": "image/png", "svg": "image/svg+xml"}[fmt]
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def charts(case: dict, fmt: str = "svg") -> list[tuple[str, str]]:
+    """(data URI, alt text) of every chart a case has."""
+    name = case_title(case)
+    out = []
+    if any(overall_components(v) for v in case["variants"]):
+        out.append((_data_uri(stacked_bars(case, fmt), fmt), f"rows per variant: {name}"))
+    if any(v.get("prediction") and overall_components(v) for v in case["variants"]):
+        out.append((_data_uri(predicted_vs_measured(case, fmt), fmt), f"predicted against measured: {name}"))
+    if any(v["phases"] for v in case["variants"]):
+        out.append((_data_uri(timeline(case, fmt), fmt), f"per-rank timeline: {name}"))
+    if any(v.get("cta_timeline") for v in case["variants"]):
+        out.append((_data_uri(cta_waits(case, fmt), fmt), f"fused kernels, per CTA: {name}"))
+    return out
+
+
+def _environment():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("taxes.reports", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["clean"] = printable
+    return env
+
+
+def html_view(doc: dict, images: bool = True) -> dict:
+    """Everything the HTML template shows of one document."""
+    header, rows, failed = summary_rows(doc)
+    checks = header.index("checks") if "checks" in header else -1
+    return {"title": title(doc), "marks": marks(doc), "meta": _meta_line(doc), "legend": LEGEND,
+            "summary": {"header": header, "rows": rows, "fail_cells": {(i, checks): "fail" for i, bad in
+                                                                      enumerate(failed) if bad}},
+            "failed_checks": failed_checks(doc),
+            "cases": [{"title": name, "tables": [{"title": t, "header": h, "rows": r} for t, h, r in tables],
+                       "charts": charts(case) if images else []}
+                      for case, (name, tables) in zip(doc["cases"], sections(doc))],
+            "checks": checks_rows(doc)}
+
+
+def render_html(doc: dict | list[dict]) -> str:
+    """One self-contained page (no script, no external resource): per document the title, its marks, the
+    summary, then the details with the charts embedded as SVG data: URIs."""
+    docs = doc if isinstance(doc, list) else [doc]
+    views = [html_view(d) for d in docs]
+    page_title = views[0]["title"] if len(views) == 1 else f"{len(views)} result documents"
+    return _environment().get_template("report.html.j2").render(page_title=page_title, docs=views, css=_CSS)
+
+
 def _html_table(header: list[str], rows: list[list[str]]) -> str:
-    h = "".join(f"<th>{html.escape(str(c))}</th>" for c in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
+    """A bare HTML table (escaped), for pages built elsewhere."""
+    return _environment().get_template("table.html.j2").render(header=header, rows=rows, cls=None, row_classes=None,
+                                                                cell_classes=None).strip()
 
 
-def _img(png: bytes, alt: str) -> str:
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-
-
-_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
-td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}img{max-width:100%;margin:0.5em 0}
-.meta{color:#555;font-size:13px}h2{margin-top:2em;border-bottom:1px solid #ddd}"""
-
-
-def render_html(doc: dict) -> str:
-    """One self-contained page: tables and the plots embedded as data: URIs."""
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>taxes report</title><style>{_CSS}</style></head><body>",
-             "<h1>taxes report</h1>", f"<p class='meta'>{html.escape(_meta_line(doc))}</p>",
-             f"<p class='meta'>{html.escape(LEGEND)}</p>"]
-    for case in doc["cases"]:
-        title = case_title(case)
-        parts.append(f"<h2>{html.escape(title)}</h2>")
-        parts.append(_html_table(*case_rows(case)))
-        fr = floor_rows(case)
-        if fr:
-            parts.append(_html_table(*fr))
-        lr = ladder_rows(case)
-        if lr:
-            parts.append(_html_table(*lr))
-        pr = per_rank_rows(case)
-        if pr:
-            parts.append("<h3>Per rank</h3>" + _html_table(*pr))
-        if any(overall_components(v) for v in case["variants"]):
-            parts.append(_img(stacked_bars(case), f"components per variant: {title}"))
-        if any(v.get("prediction") and overall_components(v) for v in case["variants"]):
-            parts.append(_img(predicted_vs_measured(case), f"predicted against measured: {title}"))
-        if any(v["phases"] for v in case["variants"]):
-            parts.append(_img(timeline(case), f"per-rank timeline: {title}"))
-        if any(v.get("cta_timeline") for v in case["variants"]):
-            parts.append(_img(cta_waits(case), f"fused kernels, per CTA: {title}"))
-    cr = checks_rows(doc)
-    if cr:
-        parts.append("<h2>Checks of the measurement</h2>" + _html_table(*cr))
-    parts.append("</body></html>")
-    return "\n".join(parts)
+td:first-child,th:first-child{text-align:left}td:not(:first-child){white-space:nowrap}th{background:#f3f3f3}img{max-width:100%;margin:0.5em 0}
+.meta{color:#555;font-size:13px}h2{margin-top:2em;border-bottom:1px solid #ddd}
+.mark{font-weight:bold;padding:0.4em 0.8em;margin:0.3em 0;border-radius:4px;background:#fff4e5;color:#8a4b00}
+.mark.EMULATED,.mark.PERTURBED{background:#fde8e8;color:#a00}.fail{color:#c00;font-weight:bold}
+table.summary td,table.summary th{text-align:left;white-space:normal}.summary td:nth-child(2){font-weight:bold}.failed-checks li{color:#c00}"""
