@@ -15,6 +15,7 @@ import pytest
 from _util import PNG_SIGNATURE, assert_self_contained_html, assert_valid_png, run_cli
 
 import taxes
+from committed import committed
 from taxes import results
 from taxes.hardware import BUILTIN, profile_from_dict, profile_to_dict
 from taxes.model import COMPONENT_TITLES, COMPONENTS, predict
@@ -311,7 +312,7 @@ def _taxes(args, columns=None, cwd=None):
                           cwd=cwd)
 
 
-REAL_DOC = str(Path(__file__).resolve().parent.parent / "reports" / "ag_gemm" / "profile_N8192.json")
+REAL_DOC = str(committed("reports/ag_gemm/h200-x2-N8192.json.gz"))
 
 
 @pytest.mark.parametrize("args", [["model", "ag-gemm", "--sweep", "M=1024:16384"], ["model", "tp-mlp"],

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from _browser import Browser, chromium
 
+from committed import committed
 from taxes import results
 from taxes.reports import render
 
@@ -60,7 +61,7 @@ def test_the_report_of_an_emulated_run_loads_clean_and_leads_with_its_summary(br
 
 
 def test_a_real_gpu_report_and_a_model_report_load_clean(browser, tmp_path, model_doc):
-    gpu = results.load(ROOT / "reports" / "ag_gemm" / "profile_N8192.json")
+    gpu = results.load(committed("reports/ag_gemm/h200-x2-N8192.json.gz"))
     problems, v = _open(browser, tmp_path, gpu)
     assert problems == [] and v["title"] == "ag-gemm (5 cases) on 2 x NVIDIA H200, world 2"
     assert v["summary_first"] and v["summary_rows"] == 5 and "NO ROWS" in v["marks"]

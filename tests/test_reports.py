@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from _util import assert_one_line, assert_self_contained_html, assert_valid_png, assert_valid_svg, profile_doc
 
+from committed import committed
 from taxes import results
 from taxes.errors import TaxesError
 from taxes.model import COMPONENT_TITLES, COMPONENTS, TAXES
@@ -60,7 +61,7 @@ def emulated_doc():
 @pytest.fixture
 def gpu_doc():
     """A real document from 2 x H200, measured under attribution rules since replaced (no rows)."""
-    return results.load(ROOT / "reports" / "ag_gemm" / "profile_N8192.json")
+    return results.load(committed("reports/ag_gemm/h200-x2-N8192.json.gz"))
 
 
 # ---- verdict first ---------------------------------------------------------------------------------
