@@ -42,7 +42,7 @@ def _check_options(gpus, output, timeout_s, name, base_name):
               help="Write the profile JSON here (default: NAME.json in the saved-profile directory, loadable by name).")
 @click.option("--quick", is_flag=True, help="Fewer sizes and repetitions: under a minute.")
 @click.option("--peaks", type=click.Choice(("measured", "datasheet")), default="measured", show_default=True,
-              help="measured: peaks are the best rates reached here and efficiencies fractions of them (METHOD.md); "
+              help="measured: peaks are the best rates reached here and efficiencies fractions of them (docs/method.md); "
                    "datasheet: the base profile's peaks, efficiencies fractions of those.")
 @click.option("--timeout-s", type=float, default=None, help="Stop the run after this long (default: 300, --quick 150).")
 def calibrate(gpus, base_name, name, output, quick, peaks, timeout_s):
