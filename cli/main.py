@@ -267,7 +267,7 @@ def model(workload, hardware_name, world, shape, dtype, variants, fmt, output, p
             _emit(_table_text(draw), output, force)
         else:
             draw(_stdout_console())
-        say(render.LEGEND)
+        say(render.LEGEND_MODEL)
     if plot:
         from taxes.reports import plots
 
@@ -294,28 +294,39 @@ def _sweep_rows(dim, values, preds):
     from taxes.model import TAXES
 
     variants = [p.variant for p in preds[0]]
-    fused = [v for v in variants if v.startswith("fused")]
+    bsp, fused = _sweep_kinds(preds)
     header = [dim] + [f"{v} E2E" for v in variants]
-    if "bsp" in variants:
-        header += [f"bsp {t}" for t in TAXES]
+    if bsp:
+        header += [f"{bsp} {t}" for t in TAXES]
     if fused:
         header += ["best fused", "best fused bulk-sync + locality"]
-    if "bsp" in variants and fused:
-        header += ["bsp / best fused"]
+    if bsp and fused:
+        header += [f"{bsp} / best fused"]
     rows = []
     for value, ps in zip(values, preds):
         by = {p.variant: p for p in ps}
         row = [str(value)] + [f"{by[v].e2e_us:,.1f}" for v in variants]
-        if "bsp" in by:
-            row += [f"{x:,.1f}" for x in by["bsp"].taxes_us().values()]
+        if bsp:
+            row += [f"{x:,.1f}" for x in by[bsp].taxes_us().values()]
         if fused:
             best = min((by[v] for v in fused), key=lambda p: p.e2e_us)
             t = best.taxes_us()
             row += [best.variant, f"{t['bulk-synchronous'] + t['data-locality']:,.1f}"]
-            if "bsp" in by:
-                row += [f"{by['bsp'].e2e_us / best.e2e_us:.2f}x"]
+            if bsp:
+                row += [f"{by[bsp].e2e_us / best.e2e_us:.2f}x"]
         rows.append(row)
     return header, rows
+
+
+def _sweep_kinds(preds) -> tuple[str | None, list[str]]:
+    """The eager bulk-synchronous variant (bsp; all-bsp for tp-mlp) and the fused ones, read from the
+    variants table rather than from their names."""
+    from taxes import variants as variant_table
+
+    w = preds[0][0].workload.name
+    kinds = {p.variant: variant_table.modelled(w, p.variant) for p in preds[0]}
+    bsp = next((v for v, k in kinds.items() if k.rung == "bsp" and not k.graphed), None)
+    return bsp, [v for v, k in kinds.items() if k.fused]
 
 
 def _sweep_terminal(dim, values, preds, console):
@@ -342,18 +353,17 @@ def _sweep_chart(dim, values, preds, fmt: str = "png") -> bytes:
     for ps in preds:
         for p in ps:
             e2e.setdefault(p.variant, []).append(p.e2e_us)
-    variants = list(e2e)
-    fused = [v for v in variants if v.startswith("fused")]
+    bsp, fused = _sweep_kinds(preds)
     best = [min((p for p in ps if p.variant in fused), key=lambda p: p.e2e_us) for ps in preds] if fused else []
     taxes_by: dict[str, dict[str, list[float]]] = {}
-    if "bsp" in variants:
+    if bsp:
         for ps in preds:
-            for tax, val in next(p for p in ps if p.variant == "bsp").taxes_us().items():
-                taxes_by.setdefault("bsp", {}).setdefault(tax, []).append(val)
+            for tax, val in next(p for p in ps if p.variant == bsp).taxes_us().items():
+                taxes_by.setdefault(bsp, {}).setdefault(tax, []).append(val)
     for p in best:
         for tax, val in p.taxes_us().items():
             taxes_by.setdefault("best fused", {}).setdefault(tax, []).append(val)
-    ratio = [e / b.e2e_us for e, b in zip(e2e["bsp"], best)] if "bsp" in variants and best else None
+    ratio = [e / b.e2e_us for e, b in zip(e2e[bsp], best)] if bsp and best else None
     w = preds[0][0].workload
     return sweep_lines(dim, values, e2e, taxes_by, ratio, f"predicted, sweep of {dim}: {case_title(workload_dict(w))}",
                        fmt)

@@ -114,6 +114,23 @@ def test_model_sweep(capsys, tmp_path):
     assert code == 0 and "sweep of S" in out
 
 
+def test_tp_mlp_sweep_names_its_bulk_synchronous_and_fused_variants(capsys):
+    """tp-mlp's variants are all-bsp / all-fused: the sweep finds them by kind, not by a name prefix."""
+    code, out, err = run_cli(["model", "tp-mlp", "--sweep", "M=1K:4K", "--format", "md"], capsys)
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if line.startswith("| M |"))
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert "all-bsp / best fused" in cols and "best fused" in cols and "all-bsp kernel-launch" in cols
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert len(rows) == 3
+    for r in rows:
+        by = dict(zip(cols, r))
+        assert by["best fused"] in ("all-fused", "all-fused-eager")
+        e2e = {v: float(by[f"{v} E2E"].replace(",", "")) for v in ("all-bsp", "all-fused", "all-fused-eager")}
+        ratio = float(by["all-bsp / best fused"].rstrip("x"))
+        assert ratio == pytest.approx(e2e["all-bsp"] / min(e2e["all-fused"], e2e["all-fused-eager"]), abs=0.006)
+
+
 def test_model_output_file(capsys, tmp_path):
     path = tmp_path / "doc.json"
     code, out, err = run_cli(["model", "ag-gemm", "--format", "json", "-o", str(path)], capsys)

@@ -298,16 +298,17 @@ def sweep_figure(dim: str, values: list[int], e2e: dict[str, list[float]],
     ax = axes[1]
     for who, series in taxes.items():
         for tax, ys in series.items():
-            ax.plot(values, [y if y > 0 else float("nan") for y in ys], "--" if who != "bsp" else "-",
-                    marker="o" if who == "bsp" else "s", markersize=4 if who == "bsp" else 3,
-                    markerfacecolor="none" if who == "bsp" else None, color=TAX_COLORS[tax], label=f"{who}: {tax}")
+            eager = who != "best fused"  # the eager bulk-synchronous variant: bsp (all-bsp for tp-mlp)
+            ax.plot(values, [y if y > 0 else float("nan") for y in ys], "-" if eager else "--",
+                    marker="o" if eager else "s", markersize=4 if eager else 3,
+                    markerfacecolor="none" if eager else None, color=TAX_COLORS[tax], label=f"{who}: {tax}")
     ax.set_ylabel("tax, us per iteration")
     ax.set_title("taxes (zero values not drawn)", fontsize=9)
     if ratio is not None:
         ax = axes[2]
         ax.plot(values, ratio, color="black", marker="s", markersize=3)
         ax.axhline(1.0, color="black", linewidth=0.5, linestyle=":")
-        ax.set_ylabel("bsp E2E / best fused E2E")
+        ax.set_ylabel("eager bulk-synchronous E2E / best fused E2E")
         ax.set_title("speed-up of the best fused variant", fontsize=9)
     for i, ax in enumerate(axes):
         ax.set_xscale("log", base=2)

@@ -46,6 +46,7 @@ E2E_ROW_MODEL = "E2E: predicted"
 LEGEND = ("labels: m measured, d derived, p predicted; times in us per iteration; E2E is the interquartile mean "
           "(the mean of the iterations ranked between the 25th and 75th percentile) of the plain iterations, "
           "[p10-p90] their 10th and 90th percentiles")
+LEGEND_MODEL = "labels: p predicted, d derived; times in us per iteration, predicted from shapes and the hardware profile"
 MATTER_SHARE = 0.02  # a tax worth naming in the summary: at least this share of the variant's E2E
 
 
