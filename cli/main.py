@@ -299,7 +299,7 @@ def _sweep_rows(dim, values, preds):
     if bsp:
         header += [f"{bsp} {t}" for t in TAXES]
     if fused:
-        header += ["best fused", "best fused bulk-sync + locality"]
+        header += ["best fused", "best fused bulk-sync + locality", "best fused of the floor"]
     if bsp and fused:
         header += [f"{bsp} / best fused"]
     rows = []
@@ -311,7 +311,8 @@ def _sweep_rows(dim, values, preds):
         if fused:
             best = min((by[v] for v in fused), key=lambda p: p.e2e_us)
             t = best.taxes_us()
-            row += [best.variant, f"{t['bulk-synchronous'] + t['data-locality']:,.1f}"]
+            row += [best.variant, f"{t['bulk-synchronous'] + t['data-locality']:,.1f}",
+                    f"{best.floor.ideal_us / best.e2e_us:.2f}"]
             if bsp:
                 row += [f"{by[bsp].e2e_us / best.e2e_us:.2f}x"]
         rows.append(row)
@@ -364,9 +365,10 @@ def _sweep_chart(dim, values, preds, fmt: str = "png") -> bytes:
         for tax, val in p.taxes_us().items():
             taxes_by.setdefault("best fused", {}).setdefault(tax, []).append(val)
     ratio = [e / b.e2e_us for e, b in zip(e2e[bsp], best)] if bsp and best else None
+    of_floor = [b.floor.ideal_us / b.e2e_us for b in best] or None
     w = preds[0][0].workload
     return sweep_lines(dim, values, e2e, taxes_by, ratio, f"predicted, sweep of {dim}: {case_title(workload_dict(w))}",
-                       fmt)
+                       fmt, of_floor)
 
 
 # ---- taxes hardware -------------------------------------------------------------------------------

@@ -175,6 +175,20 @@ def test_a_real_document_leads_with_its_verdict(gpu_doc):
         assert _number(cells[2]) == pytest.approx(iqm[best], abs=0.051)
         assert float(cells[3].rstrip("x")) == pytest.approx(iqm["bsp"] / iqm[best], abs=0.0051)
         assert float(cells[4].rstrip("x")) == pytest.approx(iqm["bsp-graph"] / iqm[best], abs=0.0051)
+        ideal = next(v for v in case["variants"] if v["variant"] == best)["floor"]["ideal_us"]
+        assert float(cells[5]) == pytest.approx(ideal / iqm[best], abs=0.0051)  # of the floor
+
+
+def test_every_case_table_gives_each_variant_its_fraction_of_the_floor(gpu_doc):
+    md = render.render_markdown(gpu_doc)
+    tables = [t for t in _md_tables(md) if t[0][0] == "us per iteration"]
+    assert len(tables) == len(gpu_doc["cases"])
+    for case, table in zip(gpu_doc["cases"], tables):
+        row = next(r for r in table if r[0].startswith("of the floor"))
+        for v, cell in zip(case["variants"], row[1:]):
+            iqm = _iqm(np.max(np.asarray(v["samples_us"]), axis=0))
+            assert float(cell) == pytest.approx(v["floor"]["ideal_us"] / iqm, abs=0.0051), v["variant"]
+            assert 0 < float(cell) <= 1.0  # measured runs are never faster than their floor here
 
 
 def test_failed_checks_lead_and_are_coloured(emulated_doc):

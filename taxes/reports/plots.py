@@ -143,7 +143,8 @@ def _fit_label(name: str, width_px: float, fontsize: float, dpi: float) -> str |
 
 def timeline_figure(case: dict):
     """Per variant and rank, the phases of one iteration; each phase is split into its component parts
-    (the taxes shaded), device idle (launch tax) hatched. A phase's name is written inside its bar only
+    (the taxes shaded), device idle between phases hatched: its causes (launch, host-bound, sync wait, ...)
+    are the rows of the case's table, which this drawing does not split. A phase's name is written inside its bar only
     where it fits, so names never overlap."""
     rows = []  # (label, phases)
     labels = []
@@ -157,7 +158,7 @@ def timeline_figure(case: dict):
         for ph in sorted(phases, key=lambda p: p["start_us"]):
             if ph["start_us"] > t:
                 ax.broken_barh([(t, ph["start_us"] - t)], (y - 0.35, 0.7), facecolors="white",
-                               edgecolors=COLORS["launch"], hatch="////", linewidth=0.5)
+                               edgecolors="#888888", hatch="////", linewidth=0.5)
             x = ph["start_us"]
             parts = ph.get("parts") or {}
             order = ["launch", "sync_wait", "locality", "ideal", "exposed_transfer", "inefficiency", "unattributed"]
@@ -184,7 +185,8 @@ def timeline_figure(case: dict):
                 ax.text((ph["start_us"] + ph["end_us"]) / 2, y, name, ha="center", va="center", fontsize=6,
                         color="white", clip_on=True)
     handles = [Patch(facecolor=COLORS[c], label=COMPONENT_TITLES[c]) for c in COMPONENTS if c not in ("launch",)]
-    handles.append(Patch(facecolor="white", edgecolor=COLORS["launch"], hatch="////", label="idle: kernel-launch tax"))
+    handles.append(Patch(facecolor="white", edgecolor="#888888", hatch="////",
+                         label="device idle between phases (its causes: the table's rows)"))
     handles.append(Patch(facecolor=COLORS["launch"], label="launch inside a phase (host-bound, or traced)"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
@@ -271,17 +273,19 @@ def same_series(series: dict[str, list[float]], rel: float = 1e-3) -> dict[str, 
 
 def sweep_lines(dim: str, values: list[int], e2e: dict[str, list[float]],
                 taxes: dict[str, dict[str, list[float]]], ratio: list[float] | None, title: str,
-                fmt: str = "png") -> bytes:
-    return _png(sweep_figure(dim, values, e2e, taxes, ratio, title), fmt)
+                fmt: str = "png", of_floor: list[float] | None = None) -> bytes:
+    return _png(sweep_figure(dim, values, e2e, taxes, ratio, title, of_floor), fmt)
 
 
 def sweep_figure(dim: str, values: list[int], e2e: dict[str, list[float]],
-                 taxes: dict[str, dict[str, list[float]]], ratio: list[float] | None, title: str):
+                 taxes: dict[str, dict[str, list[float]]], ratio: list[float] | None, title: str,
+                 of_floor: list[float] | None = None):
     """Three panels against one dimension: E2E per variant; the three taxes of bsp (solid) and of the
-    best fused variant (dashed); the bsp / best-fused E2E ratio. Each variant's line has its own colour,
+    best fused variant (dashed); the bsp / best-fused E2E ratio and the best fused variant's fraction of
+    the floor (T_ideal / E2E, 1.0 at the floor). Each variant's line has its own colour,
     marker and dash; a line that repeats another's values is drawn with a larger hollow marker beneath and
     named with it in the legend ("fused-push = fused-pull")."""
-    panels = 3 if ratio is not None else 2
+    panels = 3 if ratio is not None or of_floor is not None else 2
     fig, axes = plt.subplots(1, panels, figsize=(5.4 * panels, 4.4))
     ax = axes[0]
     twins = same_series(e2e)
@@ -304,12 +308,17 @@ def sweep_figure(dim: str, values: list[int], e2e: dict[str, list[float]],
                     markerfacecolor="none" if eager else None, color=TAX_COLORS[tax], label=f"{who}: {tax}")
     ax.set_ylabel("tax, us per iteration")
     ax.set_title("taxes (zero values not drawn)", fontsize=9)
-    if ratio is not None:
+    if panels == 3:
         ax = axes[2]
-        ax.plot(values, ratio, color="black", marker="s", markersize=3)
+        if ratio is not None:
+            ax.plot(values, ratio, color="black", marker="s", markersize=3, label="eager bulk-synchronous / best fused")
+        if of_floor is not None:
+            ax.plot(values, of_floor, color="tab:green", marker="o", markersize=3, linestyle="--",
+                    label="best fused: of the floor (T_ideal / E2E)")
         ax.axhline(1.0, color="black", linewidth=0.5, linestyle=":")
-        ax.set_ylabel("eager bulk-synchronous E2E / best fused E2E")
-        ax.set_title("speed-up of the best fused variant", fontsize=9)
+        ax.set_ylabel("ratio")
+        ax.set_title("speed-up of the best fused variant, and how near the floor it is", fontsize=9)
+        ax.legend(fontsize=7)
     for i, ax in enumerate(axes):
         ax.set_xscale("log", base=2)
         ax.set_xlabel(dim)

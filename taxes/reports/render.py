@@ -203,8 +203,19 @@ def _checks_text(frame) -> tuple[str, bool]:
     return f"{len(bad)} of {len(frame)} FAIL: {names}" + (" ..." if len(bad) > 4 else ""), True
 
 
-SUMMARY_HEADER = ["case", "best variant", "its time us", "vs bsp", "vs bsp-graph", "taxes of bsp (share)",
-                  "taxes left in the best (share)", "checks"]
+SUMMARY_HEADER = ["case", "best variant", "its time us", "vs bsp", "vs bsp-graph", "of the floor",
+                  "taxes of bsp (share)", "taxes left in the best (share)", "checks"]
+
+
+def floor_fraction(v: dict) -> float | None:
+    """The floor's share of a variant's E2E (T_ideal / E2E): 1.0 is a variant at the floor."""
+    ideal, e2e = (v.get("floor") or {}).get("ideal_us"), e2e_of(v)
+    return ideal / e2e if ideal and e2e else None
+
+
+def _fraction_text(v: dict | None) -> str:
+    f = floor_fraction(v) if v else None
+    return "-" if f is None else f"{f:.2f}"
 
 
 def summary_rows(doc: dict) -> tuple[list[str], list[list[str]], list[bool]]:
@@ -217,12 +228,13 @@ def summary_rows(doc: dict) -> tuple[list[str], list[list[str]], list[bool]]:
         bsp, graph = baseline_variant(case, "bsp"), baseline_variant(case, "graph")
         check_text, bad = _checks_text(checks.get((case["workload"], _shape(case))))
         if best is None:
-            rows.append([f"{case['workload']} {_shape(case)}", "none usable", "-", "-", "-", _taxes_text(bsp), "-",
+            rows.append([f"{case['workload']} {_shape(case)}", "none usable", "-", "-", "-", "-", _taxes_text(bsp), "-",
                          check_text])
         else:
             rows.append([f"{case['workload']} {_shape(case)}", best["variant"] + (" PERTURBED" if perturbed(best) else ""),
                          f"{_fmt(e2e_of(best))} ({stat})", _ratio(e2e_of(bsp) if bsp else None, best),
-                         _ratio(e2e_of(graph) if graph else None, best), _taxes_text(bsp), _taxes_text(best), check_text])
+                         _ratio(e2e_of(graph) if graph else None, best), _fraction_text(best), _taxes_text(bsp),
+                         _taxes_text(best), check_text])
         failed.append(bad)
     # a column nothing fills (no bsp, no rows, no checks) says nothing: leave it out
     keep = [i for i, h in enumerate(SUMMARY_HEADER) if i < 2 or any(r[i] not in ("-", "rows not available") for r in rows)]
@@ -292,6 +304,8 @@ def case_rows(case: dict) -> tuple[list[str], list[list[str]]]:
         base = baseline(case, rung)
         if base:
             rows.append([name] + [_ratio(base, v) for v in variants])
+    if any(floor_fraction(v) is not None for v in variants):
+        rows.append(["of the floor (T_ideal / E2E)"] + [_fraction_text(v) for v in variants])
     if any(v["correctness"].get("checked") for v in variants):
         rows.append(["correct (rel. error)"] + [_correct_cell(v["correctness"]) for v in variants])
     return header, rows
