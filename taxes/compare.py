@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from taxes.errors import TaxesError
-from taxes.results import one_line
+from taxes.sanitize import one_line
 
 N_RESAMPLES = 2000
 MIN_SAMPLES = 5  # fewer iterations than this on a side: no rank test (its approximation is too rough)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from taxes.errors import TaxesError
+from taxes.sanitize import json_type, one_line
 
 PROFILE_SCHEMA = "taxes.hardware"
 PROFILE_VERSION = 1
@@ -179,8 +180,6 @@ def profile_dirs() -> list[Path]:
 
 
 def _bad(origin: str, what: str) -> TaxesError:
-    from taxes.results import one_line  # (results imports this module through the model)
-
     return TaxesError(one_line(f"{origin}: {what}"))
 
 
@@ -216,8 +215,6 @@ def _depth(v) -> int:
 def profile_from_dict(d: dict, origin: str = "profile") -> HardwareProfile:
     """Validate a profile dictionary (from JSON); every problem is one TaxesError line."""
     if not isinstance(d, dict):
-        from taxes.results import json_type
-
         raise _bad(origin, f"a hardware profile must be a JSON object, not {json_type(d)}")
     if d.get("schema", PROFILE_SCHEMA) != PROFILE_SCHEMA:
         raise _bad(origin, f"not a hardware profile (schema {_short(d.get('schema'))})")

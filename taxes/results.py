@@ -195,7 +195,7 @@ def model_document(predictions: list[list[Prediction]], hardware: str, world: in
 # The document's structure, types and bounds are the published JSON Schema (taxes/schema/result-v1.json);
 # what a schema cannot say is checked here, after it.
 
-from taxes.sanitize import one_line  # noqa: E402  (one_line stays importable from here)
+from taxes.sanitize import json_type, one_line  # noqa: E402  (one_line stays importable from here)
 
 
 def _fail(origin: str, where: str, what: str):
@@ -208,13 +208,6 @@ def _short(v) -> str:
     except (RecursionError, ValueError, TypeError):  # nested too deeply, an int too long to print, a non-JSON type
         text = f"a {type(v).__name__}"
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def json_type(v) -> str:
-    """The JSON name of a parsed value's type, for messages."""
-    if v is None or isinstance(v, bool):
-        return json.dumps(v)
-    return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(type(v), type(v).__name__)
 
 
 def validate(doc, origin: str = "result") -> dict:

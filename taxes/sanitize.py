@@ -17,6 +17,7 @@ A result document or a trace can name a variant "\\x1b]0;pwned\\x07" or "<script
 
 from __future__ import annotations
 
+import json
 import os
 
 LIMIT = 400  # a single untrusted string is cut to this many characters in messages
@@ -77,3 +78,11 @@ def deep(obj):
     if isinstance(obj, list):
         return [deep(v) for v in obj]
     return printable(obj) if isinstance(obj, str) else obj
+
+
+def json_type(v) -> str:
+    """The JSON name of a parsed value's type, for messages ("an object", "a list", "null")."""
+    if v is None or isinstance(v, bool):
+        return json.dumps(v)
+    return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(
+        type(v), type(v).__name__)

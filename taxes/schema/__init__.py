@@ -15,7 +15,7 @@ from functools import lru_cache
 from importlib import resources
 
 from taxes.errors import TaxesError
-from taxes.sanitize import printable
+from taxes.sanitize import json_type as _json_type, printable
 
 RESULT_V1 = "result-v1.json"
 
@@ -100,13 +100,6 @@ def _short(v) -> str:
     except (RecursionError, ValueError, TypeError):
         text = f"a {type(v).__name__}"
     return printable(text, 40)
-
-
-def _json_type(v) -> str:
-    if v is None or isinstance(v, bool):
-        return json.dumps(v)
-    return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(
-        type(v), type(v).__name__)
 
 
 _TYPE_WORDS = {"object": "an object", "array": "a list", "string": "a string", "number": "a number",
