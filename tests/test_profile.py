@@ -78,21 +78,31 @@ def _numbered_timing(ctx, run, input_sets, iters, warmup, label=""):
     return [float(len(_CALLS) - 1)] * iters
 
 
+def _counted_instrumented_block(*args, **kwargs):
+    """The real instrumented block, counted in the same sequence as the fake plain timing above."""
+    _CALLS.append("instrumented")
+    return _REAL_INSTRUMENTED_BLOCK(*args, **kwargs)
+
+
 @pytest.mark.slow
 def test_emulated_profile_interleaves_the_variants_in_rounds(monkeypatch):
     from taxes import measure
     from taxes.profiling import profile
 
+    global _REAL_INSTRUMENTED_BLOCK
+    _REAL_INSTRUMENTED_BLOCK = measure._instrumented_block
     monkeypatch.setattr(measure, "time_iterations", _numbered_timing)  # the forked ranks inherit it
+    monkeypatch.setattr(measure, "_instrumented_block", _counted_instrumented_block)
     doc = profile("flash-decode", "B=1,Hq=8,Hkv=2,D=64,S=24", 2, ["bsp", "fused-push"], iters=5, warmup=0,
                   emulate=True, config={"block_n": 16}, timeout_s=300, rounds=2).document
     validate(doc)
     assert doc["metadata"]["rounds"] == 2
     samples = {v["variant"]: v["samples_us"] for v in doc["cases"][0]["variants"]}
-    # round 1 times 3 iterations of bsp, then of fused-push; round 2 two of each: calls 0 and 2 are bsp's
+    # round 1: 3 plain iterations of bsp (call 0), its instrumented block (1), then fused-push's (2, 3);
+    # round 2 puts each variant's instrumented block first (4, 6) and its 2 plain iterations after (5, 7)
     for rank in (0, 1):
-        assert samples["bsp"][rank] == [0.0] * 3 + [2.0] * 2
-        assert samples["fused-push"][rank] == [1.0] * 3 + [3.0] * 2
+        assert samples["bsp"][rank] == [0.0] * 3 + [5.0] * 2
+        assert samples["fused-push"][rank] == [2.0] * 3 + [7.0] * 2
     for v in doc["cases"][0]["variants"]:
         assert v["correctness"]["passed"]
         # the instrumented iterations, per rank, too: 5 timed windows in each rank's timeline
