@@ -22,6 +22,10 @@ then:
     unattributed      window - everything above, with its sign: unknown idle, and where the kernels'
                       own floors disagree with the floor and locality.
 
+An activity launched in no window (step -2: before recording began, or outside every profiled
+iteration) is charged to none: its device time is no window's compute, and no idle gap either (it
+stays in unattributed).
+
 Idle gap [a, b) before activity X, whose launch call returned at Le (a graph replay's kernels carry the
 graph launch's), made inside a launching host call that began at Cs (a profiled step, a top-level CPU op;
 the launch itself where none holds it); the host had last left a launching call, or begun the step, at F:
@@ -139,8 +143,11 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
     sync_ends = np.sort(tl.launches.loc[tl.launches["kind"] == "sync", "end_us"].values.astype(float))
     busy_hosts = {k: merge(h["start_us"], h["end_us"]) for k, h in tl.host.groupby("kind") if k in ("compile", "data")}
     by_start = _steps_by_start(acts, tl.windows)
-    step_of = np.where(acts["step"].values >= 0, acts["step"].values, by_start.values)
+    # step -1: the window its start falls in; any other negative step: launched in no window, charged to none
+    step_of = np.where(acts["step"].values >= 0, acts["step"].values,
+                       np.where(acts["step"].values == -1, by_start.values, -2))
     positions = pd.Series(np.arange(len(acts))).groupby(step_of).indices if len(acts) else {}
+    foreign = positions.get(-2, np.empty(0, dtype=np.int64))  # launched in no window: busy, but no window's work
     starts_all, ends_all = acts["start_us"].values.astype(float), acts["end_us"].values.astype(float)
     comm_all = (acts["comm"] != "").values
     wait_all = np.clip(np.nan_to_num(acts["wait_us"].values.astype(float)), 0.0, None)
@@ -184,7 +191,9 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         else:
             r["compute"] = compute_busy - in_kernel_wait - r["locality"]
         # idle, gap by gap
-        ga, gb = gaps(all_m, lo, hi)
+        # the device is not idle while it runs work launched in no window (that time stays unattributed)
+        fo = foreign[(ends_all[foreign] > lo) & (starts_all[foreign] < hi)]
+        ga, gb = gaps(union(all_m, merge(starts_all[fo], ends_all[fo])) if len(fo) else all_m, lo, hi)
         pieces = split_gaps(ga, gb, starts_all[pos], ends_all[pos], acts["graph"].values[pos],
                             launch["le"].values[pos], launch["tid"].values[pos], cs[pos], free[pos],
                             sync_ends, busy_hosts, lat)

@@ -270,3 +270,17 @@ def test_locality_bytes_per_rank_and_step_and_gap_times():
     g = att.gaps[(att.gaps["rank"] == 0) & (att.gaps["cause"] == "host")]
     assert len(g) == 3 and (g["host_end_us"] - g["host_start_us"]).tolist() == pytest.approx([9.0] * 3)
     assert ((g["end_us"] - g["start_us"]) >= g["dur_us"] - 1e-9).all()
+
+
+def test_an_activity_launched_in_no_window_is_charged_to_none():
+    # a kernel launched before recording began (step -2: no window holds its launch) runs at the start of
+    # the window: its device time is not the window's compute; the window's own kernel queued behind it
+    tl = run(chain(1, dur_us=10.0, not_before_us=130.5))
+    early = {"name": "before", "start_us": 100.5, "end_us": 130.5, "step": -2}
+    tl = timeline(0, [early, *tl.activities.to_dict("records")], tl.launches, tl.host, tl.windows)
+    r = one(rows_of(tl)[1])
+    assert r["compute"] == pytest.approx(10.0)
+    # the device was busy, but not with this window's work (and idle 0.5 us before it, cause unknown)
+    assert r["unattributed"] == pytest.approx(30.5)
+    assert r["launch"] + r["queued"] + r["host_bound"] == pytest.approx(0.0)
+    adds_up(r)
