@@ -185,11 +185,16 @@ def host_frames(events: pd.DataFrame, gaps: pd.DataFrame, top: int = TOP_FRAMES)
 def _run_ranks(paths: list[str], patterns: tuple, ets: dict, jobs: int | None) -> list[dict]:
     single = len(paths) == 1
     args = [(p, tuple(patterns), ets.get(str(p)), single) for p in paths]
-    jobs = jobs or min(len(paths), os.cpu_count() or 1)
-    if jobs <= 1 or len(paths) == 1:
+    jobs = _jobs(jobs, len(paths))
+    if jobs <= 1:
         return [analyze_rank(*a) for a in args]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(_star, args))
+
+
+def _jobs(jobs: int | None, n: int) -> int:
+    """Worker processes: as asked, else one per core; never more than there are ranks."""
+    return max(1, min(jobs or os.cpu_count() or 1, n))
 
 
 def _star(a):
@@ -286,7 +291,8 @@ def analyze(paths, hardware: str | None = None, plain_steps: dict | None = None,
     if not pairs.empty and pairs["source"].str.contains("heuristic").any():
         warnings.append("locality from recorded shapes (heuristic): record an execution trace for tensor identity")
     us_per_byte = 1.0 / hw.hbm_bytes_per_us() if hw is not None else None
-    a = att.attribute(list(timelines.values()), locality_bytes=loc_bytes, us_per_byte=us_per_byte)
+    a = att.attribute(list(timelines.values()), locality_bytes=loc_bytes, us_per_byte=us_per_byte,
+                      jobs=_jobs(jobs, len(timelines)))
     rows = a.rows
     common = sorted(set.intersection(*[set(rows.loc[rows["rank"] == r, "step"]) for r in timelines])) if len(rows) else []
     e2e = rows[rows["step"].isin(common)].groupby("step")["span_us"].max()

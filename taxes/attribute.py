@@ -83,20 +83,37 @@ class Attribution:
 
 
 def attribute(timelines: list[Timeline], floor: Floor | None = None, locality_bytes: float | dict | None = None,
-              us_per_byte: float | None = None, launch_latency_us: float | None = None) -> Attribution:
+              us_per_byte: float | None = None, launch_latency_us: float | None = None, jobs: int = 1) -> Attribution:
     """Every window of every rank -> rows. floor: the step's floor (None: no ideal or inefficiency rows);
-    locality_bytes: intermediate bytes per step (a number, or {step: bytes}); us_per_byte: HBM time per
-    byte; launch_latency_us: overrides the latency estimated from each timeline."""
+    locality_bytes: intermediate bytes per step (a number, {step: bytes} or {(rank, step): bytes});
+    us_per_byte: HBM time per byte; launch_latency_us: overrides the latency estimated from each timeline;
+    jobs: worker processes for the ranks (after the collectives are matched, each rank is independent)."""
     coll = match_collectives(timelines)
-    rows, gap_frames, notes = [], [], []
+    notes = []
+    args = []
     for tl in timelines:
         waits = coll[coll["rank"] == tl.rank].set_index("activity")["wait_us"] if not coll.empty else pd.Series(dtype=float)
-        r, g = _attribute_rank(tl, waits, floor, locality_bytes, us_per_byte, launch_latency_us, notes)
-        rows.append(r)
-        gap_frames.append(g)
+        args.append((tl, waits, floor, locality_bytes, us_per_byte, launch_latency_us))
+    if jobs > 1 and len(timelines) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=min(jobs, len(timelines))) as pool:
+            results = list(pool.map(_attribute_rank_of, args))
+    else:
+        results = [_attribute_rank_of(a) for a in args]
+    rows = [r for r, _, _ in results]
+    gap_frames = [g for _, g, _ in results]
+    for _, _, n in results:
+        notes += n
     rows_df = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["rank", "step", "span_us", *ROWS])
     gaps_df = pd.concat(gap_frames, ignore_index=True) if gap_frames else pd.DataFrame()
     return Attribution(rows_df, gaps_df, coll, notes)
+
+
+def _attribute_rank_of(args) -> tuple:
+    notes: list = []
+    r, g = _attribute_rank(*args, notes)
+    return r, g, notes
 
 
 # ---- collectives across ranks ---------------------------------------------------------------------
@@ -197,16 +214,19 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         pieces = split_gaps(ga, gb, starts_all[pos], ends_all[pos], acts["graph"].values[pos],
                             launch["le"].values[pos], launch["tid"].values[pos], cs[pos], free[pos],
                             sync_ends, busy_hosts, lat)
-        for cause, length in pieces.groupby("cause", sort=False)["dur_us"].sum().items():
-            r[_CAUSE_ROW[cause]] += float(length)
-        gap_frames.append(pieces.assign(rank=tl.rank, step=w.step))
+        for cause in np.unique(pieces["cause"]):
+            r[_CAUSE_ROW[cause]] += float(pieces["dur_us"][pieces["cause"] == cause].sum())
+        pieces["rank"] = np.full(len(pieces["dur_us"]), tl.rank)
+        pieces["step"] = np.full(len(pieces["dur_us"]), w.step, dtype=object)
+        gap_frames.append(pieces)
         r["unattributed"] += span - math.fsum(v for k, v in r.items())
         rows.append({"rank": tl.rank, "step": w.step, "start_us": lo, "end_us": hi, "span_us": span, **r,
                      "busy_us": busy, "compute_busy_us": compute_busy, "exposed_comm_us": exposed,
                      "comm_us": measure(merge(s[comm], e[comm]), lo, hi), "in_kernel_wait_us": in_kernel_wait,
                      "locality_bytes": loc_b, "launch_latency_us": lat})
-    g = pd.concat(gap_frames, ignore_index=True) if gap_frames else pd.DataFrame(columns=GAP_COLUMNS)
-    return pd.DataFrame(rows), g[list(GAP_COLUMNS)]
+    g = pd.DataFrame({c: np.concatenate([f[c] for f in gap_frames]) if gap_frames else [] for c in GAP_COLUMNS})
+    g["step"] = g["step"].infer_objects() if len(g) else g["step"]
+    return pd.DataFrame(rows), g
 
 
 def _locality_bytes_of(locality_bytes, rank: int, step) -> float:
@@ -287,14 +307,13 @@ _PIECE_ORDER = ("unknown", "graph", "sync", "compile", "data", "host", "launch",
 def split_gaps(ga, gb, starts, ends, graph, le, tid, cs_all, free_all, sync_ends, busy_hosts: dict,
                lat: float) -> pd.DataFrame:
     """Every idle gap [ga, gb) of a window split into (cause, length) pieces (the module docstring's
-    rules), all gaps at once. Columns: cause, dur_us, start_us and end_us (the gap), host_start_us and
+    rules), all gaps at once, as columns (numpy arrays): cause, dur_us, start_us and end_us (the gap), host_start_us and
     host_end_us (where the host was elsewhere: [cs - share, cs), for the host's share), tid (of the next
     activity's launch). Pieces of one gap follow each other in the order sync | compile, data, host,
     launch, queued."""
-    cols = ["cause", "dur_us", "start_us", "end_us", "host_start_us", "host_end_us", "tid"]
     ga, gb = np.asarray(ga, dtype=float), np.asarray(gb, dtype=float)
     if ga.size == 0:
-        return pd.DataFrame(columns=cols)
+        return {c: np.empty(0, dtype=object if c in ("cause", "tid") else float) for c in GAP_COLUMNS[2:]}
     order = np.argsort(starts, kind="stable")
     s_sorted = starts[order]
     j = np.searchsorted(s_sorted, gb, side="left")
@@ -342,19 +361,13 @@ def split_gaps(ga, gb, starts, ends, graph, le, tid, cs_all, free_all, sync_ends
     parts["unknown"] = np.where(unknown, length, 0.0)
     parts["graph"] = np.where(graph_gap, length, 0.0)
     tids = tid[x] if len(order) else np.full(len(ga), np.nan)
-    frames = []
-    for rank, cause in enumerate(_PIECE_ORDER):
-        v = parts[cause]
-        sel = np.flatnonzero(v > 0)
-        if sel.size:
-            hs = np.where(share[sel] > 0, csx[sel] - share[sel], np.nan)
-            frames.append(pd.DataFrame({"gap": sel, "order": rank, "cause": cause, "dur_us": v[sel], "start_us": ga[sel],
-                                        "end_us": gb[sel], "host_start_us": hs,
-                                        "host_end_us": np.where(share[sel] > 0, csx[sel], np.nan), "tid": tids[sel]}))
-    if not frames:
-        return pd.DataFrame(columns=cols)
-    out = pd.concat(frames, ignore_index=True).sort_values(["gap", "order"], kind="stable")
-    return out[cols].reset_index(drop=True)
+    values = np.stack([parts[c] for c in _PIECE_ORDER], axis=1)  # gap x cause, in piece order
+    g_idx, c_idx = np.nonzero(values > 0)  # row-major: gap by gap, each gap's pieces in order
+    has = share[g_idx] > 0
+    return {"cause": np.asarray(_PIECE_ORDER, dtype=object)[c_idx], "dur_us": values[g_idx, c_idx],
+            "start_us": ga[g_idx], "end_us": gb[g_idx],
+            "host_start_us": np.where(has, csx[g_idx] - share[g_idx], np.nan),
+            "host_end_us": np.where(has, csx[g_idx], np.nan), "tid": np.asarray(tids, dtype=object)[g_idx]}
 
 
 # ---- across iterations ----------------------------------------------------------------------------

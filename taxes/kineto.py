@@ -192,13 +192,16 @@ def _read_events(stream: TraceStream, path: Path, exact: bool) -> tuple[_Columns
             v = args.get("External id")
             ext_a(float(v) if type(v) is int and -2**53 < v < 2**53 else nan)
             if k in gpu:
-                stream_a(_int_or_nan(args.get("stream")))
-                dev_a(_int_or_nan(args.get("device")))
+                v = args.get("stream")
+                stream_a(float(v) if type(v) is int and -2**53 < v < 2**53 else nan)
+                v = args.get("device")
+                dev_a(float(v) if type(v) is int and -2**53 < v < 2**53 else nan)
                 rf_a(nan)
             else:
                 stream_a(nan)
                 dev_a(nan)
-                rf_a(_int_or_nan(args.get("Record function id")))
+                v = args.get("Record function id")
+                rf_a(float(v) if type(v) is int and -2**53 < v < 2**53 else nan)
             if k in ops and "Input Dims" in args:
                 dims[n] = args.get("Input Dims")
                 types[n] = args.get("Input type")
@@ -222,7 +225,11 @@ def _read_events(stream: TraceStream, path: Path, exact: bool) -> tuple[_Columns
             stream_a(nan)
             dev_a(nan)
             rf_a(nan)
-        flow_a(_int_or_nan(e.get("id")) if k == flow_s or k == flow_f else nan)
+        if k == flow_s or k == flow_f:
+            v = e.get("id")
+            flow_a(float(v) if type(v) is int and -2**53 < v < 2**53 else nan)
+        else:
+            flow_a(nan)
         n += 1
     return cols, absolute, origin
 

@@ -53,6 +53,9 @@ _ELEMENTWISE = {
 }
 
 
+_SHAPED = _ELEMENTWISE | {"mm", "matmul", "bmm", "addmm", "linear"}
+
+
 # ---- the execution trace ---------------------------------------------------------------------------
 
 
@@ -179,20 +182,28 @@ def pairs_from_shapes(calls: pd.DataFrame, allocations: pd.DataFrame | None = No
     reads (module docstring). calls: name, input_dims, input_type, step, tid, start_us, end_us."""
     rows = []
     for (tid, step), g in calls[calls["step"] >= 0].sort_values("start_us").groupby(["tid", "step"], sort=False):
-        recs = g.to_dict("records")
-        for a, b in zip(recs, recs[1:]):
-            found = _intermediate(_outputs(a["name"], _tensors(a["input_dims"], a["input_type"])),
-                                  _tensors(b["input_dims"], b["input_type"]))
+        names, dims, types = g["name"].values, g["input_dims"].values, g["input_type"].values
+        starts, ends = g["start_us"].values, g["end_us"].values
+        ins = [None] * len(g)
+        for i in range(len(g) - 1):
+            name = names[i]
+            base = name.split("::")[-1]
+            if not (name.startswith("c10d::") or base.endswith("_") or base in _SHAPED):
+                continue  # no rule knows what it writes
+            if ins[i] is None:
+                ins[i] = _tensors(dims[i], types[i])
+            ins[i + 1] = _tensors(dims[i + 1], types[i + 1])
+            found = _intermediate(_outputs(name, ins[i]), ins[i + 1])
             if not found:
                 continue
             shape, dtype = found
             nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPE_BYTES[dtype]
             source = SHAPES
             if allocations is not None and len(allocations):
-                if not _allocated(allocations, tid, a["start_us"], a["end_us"], b["start_us"], nbytes):
+                if not _allocated(allocations, tid, starts[i], ends[i], starts[i + 1], nbytes):
                     continue
                 source = SHAPES_ALLOC
-            rows.append((step, a["name"], b["name"], "", "x".join(map(str, shape)), dtype, nbytes, 2 * nbytes, source))
+            rows.append((step, name, names[i + 1], "", "x".join(map(str, shape)), dtype, nbytes, 2 * nbytes, source))
     return pd.DataFrame(rows, columns=PAIR_COLUMNS)
 
 

@@ -23,7 +23,9 @@ from pathlib import Path
 from taxes.errors import TaxesError
 
 CHUNK_BYTES = 8 << 20
+REFILL_CHARS = 1 << 20  # keep at least this much text ahead of the cursor, so most events decode in one go
 _WS = re.compile(r"[ \t\n\r]*")
+_SEP = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
 
 
 def one_line(message: str) -> TaxesError:
@@ -177,6 +179,26 @@ class TraceStream:
         if self._skip_ws() == "]":
             self._pos += 1
             return
+        scan, sep = self._scan, _SEP.match
+        while True:
+            if len(self._buf) - self._pos < REFILL_CHARS and not self._eof:
+                self._refill()
+            buf, pos = self._buf, self._pos
+            try:  # the common case: a whole event, then its separator, inside the window
+                value, end = scan(buf, pos)
+                m = sep(buf, end) if end < len(buf) else None
+            except (StopIteration, ValueError, RecursionError):
+                m = None
+            if m is None or (m.end() == len(buf) and not self._eof):
+                yield from self._array_slowly()
+                return
+            self._pos = m.end()
+            yield value
+            if m.group(1) == "]":
+                return
+
+    def _array_slowly(self):
+        """The rest of the array, one careful step at a time (refilling mid-value, precise errors)."""
         while True:
             if self._skip_ws() == "":
                 raise self._malformed("it ends inside traceEvents")
