@@ -465,6 +465,15 @@ def test_cli_errors_are_one_line(tmp_path, capsys, args, words):
     assert_one_line(err.strip())
 
 
+@pytest.mark.parametrize("name", ["cut.json", "nan.json", "deep_event.json", "bad.json.gz", "line\nbreak.json"])
+def test_hostile_traces_through_the_command_are_one_line_and_exit_2(tmp_path, capsys, name):
+    path = tmp_path / name
+    path.write_bytes(BAD_TRACES[name])
+    code, out, err = _run([path], capsys)
+    assert code == 2 and out == ""
+    assert_one_line(err.strip())
+
+
 def test_json_output_imports_no_plotting(tmp_path):
     paths = write_tp(tmp_path)
     code = ("import sys, taxes.cli.main as m\n"

@@ -12,7 +12,7 @@ import json
 import math
 
 import pytest
-from kineto_build import AR, MM, SENDRECV, Op, Program, new_trace, write_trace
+from kineto_build import AR, MM, SENDRECV, Op, Program, add_launch, add_step, new_trace, write_trace
 
 from taxes import analyze as A
 from taxes.attribute import ROWS
@@ -251,3 +251,33 @@ def test_the_graphs_projection_matches_the_graph_twin(tmp_path):
     projected = eager.what_if[eager.what_if["change"] == "graphs"]["projected_us"].iloc[0]
     close(projected, row(twin)["span_us"])
     assert projected < row(eager)["span_us"] * 0.5
+
+
+def test_compilation_and_data_loading_before_a_launch(tmp_path):
+    compile_us, data_us = 13_000.0, 400.0
+    ops = [Op(dur_us=DUR), Op(dur_us=DUR, pre_us=compile_us, pre_frame="torch/_inductor/compile_fx.py(1500): compile_fx"),
+           Op(dur_us=DUR, pre_us=data_us, pre_frame="enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"),
+           Op(dur_us=DUR, pre_us=30.0, pre_frame="train.py(40): loss_scale")]
+    an = one_rank(tmp_path, lambda p: p.step(0, ops))
+    r = row(an)
+    close(r["compile"], compile_us)
+    close(r["data_loading"], data_us)
+    close(r["host_bound"], 30.0)  # the plain Python, not compilation or data loading
+    adds_up(an)
+
+
+def test_the_gap_after_a_host_synchronisation_is_sync(tmp_path):
+    tr = new_trace(0, 1)
+    p = Program(tr)
+    s0 = p.t
+    _, end_a = p.run(Op(dur_us=100.0, call_us=CALL, api_us=API))
+    sync_end = end_a + 2.0  # the host waited in cudaStreamSynchronize until the device drained
+    add_launch(tr, p.t, [], api="cudaStreamSynchronize", dur=sync_end - p.t)
+    p.t = sync_end
+    p.run(Op(dur_us=DUR, call_us=CALL, api_us=API))
+    add_step(tr, 0, s0, p.t)
+    an = A.analyze([write_trace(tr, tmp_path / "rank0.json")])
+    r = row(an)
+    close(r["sync"], 2.0 + CALL + API + LAT)  # the device idled from the drain until the refill arrived
+    assert r["launch"] == pytest.approx(CALL + API + LAT, abs=1e-6)  # the first kernel's launch path only
+    adds_up(an)
