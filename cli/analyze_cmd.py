@@ -1,11 +1,12 @@
-"""`taxes analyze TRACE...`: the three taxes of any PyTorch program, from its torch.profiler traces (one
-per rank). Registered in cli/main.py with `cli.add_command(analyze)`; the analysis lives in
-taxes/analyze.py, the rules in docs/analyze.md."""
+"""`taxes analyze TRACE...`: the taxes of any PyTorch program, from its torch.profiler traces (one per rank).
+Registered in cli/main.py with `cli.add_command(analyze)`; the analysis lives in taxes/analyze.py, the
+rules in docs/analyze.md. JSON output imports no plotting library."""
 
 from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 
 import click
@@ -13,62 +14,69 @@ import click
 from taxes.errors import TaxesError
 
 FORMATS = ("table", "md", "json", "html")
-PART_TITLES = {"compute": "compute (kernels, less locality)", "locality": "data-locality tax",
-               "sync_wait": "bulk-sync: sync wait", "exposed_transfer": "bulk-sync: exposed transfer",
-               "launch": "kernel-launch tax", "other_idle": "other idle (dependency, sync)",
-               "unattributed": "unattributed"}
-MARK = {"measured": "m", "derived": "d"}
+STEP_ROWS = ("launch", "host_bound", "sync", "compile", "data_loading", "graph_gaps", "queued", "sync_wait",
+             "exposed_transfer", "locality", "compute", "unattributed")
+MAX_ROWS = 60  # per table; the JSON holds everything
 
 
-def _fmt(v: float) -> str:
+def _fmt(v) -> str:
+    if v is None or v != v:
+        return "-"
     return f"{v:,.1f}" if abs(v) < 1e5 else f"{v:,.0f}"
 
 
 def sections(an) -> list[tuple[str, list[str], list[list[str]]]]:
-    """The analysis as (title, header, rows) tables, shared by every format."""
-    from taxes import analyze as A
-
+    """The analysis as (title, header, rows) tables, shared by the table, md and html formats."""
     out = []
-    med = A.median_step(an)
-    d = an.decomposition.set_index(["rank", "step"])
-    ranks = sorted(an.ranks)
-    if med is not None:
-        slowest = max(ranks, key=lambda r: d.loc[(r, med), "span_us"])
-        cols = [(f"rank {r}", d.loc[(r, med)]) for r in ranks] + [(f"slowest (rank {slowest})", d.loc[(slowest, med)])]
-        rows = [["step span (E2E_r) m"] + [_fmt(c["span_us"]) for _, c in cols]]
-        rows += [[f"{PART_TITLES[p]} {MARK[A.PART_LABELS[p]]}"] + [_fmt(c[p]) for _, c in cols] for p in A.PARTS]
-        rows += [[f"= {tax} tax"] + [_fmt(sum(c[p] for p in parts)) for _, c in cols] for tax, parts in A.TAX_PARTS.items()]
-        out.append((f"median step {med}: parts of each rank's step, us", ["us"] + [n for n, _ in cols], rows))
-    t = an.decomposition
-    out.append(("every step, us", ["rank", "step", "span"] + [PART_TITLES[p].split(" (")[0] for p in A.PARTS],
-                [[str(r.rank), str(r.step), _fmt(r.span_us)] + [_fmt(getattr(r, p)) for p in A.PARTS]
-                 for r in t.itertuples(index=False)]))
-    if not an.gaps.empty:
-        g = an.gaps.groupby(["rank", "cause"])["dur_us"].agg(["count", "sum", "median"]).reset_index()
-        out.append(("device idle gaps by cause (all steps)", ["rank", "cause", "gaps", "total us", "median us", "goes to"],
-                    [[str(r.rank), r.cause, str(r.count), _fmt(r.sum), _fmt(r.median), A.GAP_TAX[r.cause]]
-                     for r in g.itertuples(index=False)]))
-    if not an.collectives.empty:
-        c = an.collectives.assign(kernel=an.collectives["name"].map(_short_name))
-        g = c.groupby(["kernel", "rank"]).agg(n=("dur_us", "size"), dur=("dur_us", "mean"),
-                                               wait=("sync_wait_us", "sum"), skew=("skew_us", "max")).reset_index()
-        out.append(("NCCL kernels (matched across ranks by name and order)",
-                    ["kernel", "rank", "count", "mean us", "sync wait us (sum)", "max arrival skew us"],
-                    [[r.kernel, str(r.rank), str(r.n), _fmt(r.dur), _fmt(r.wait), _fmt(r.skew)]
-                     for r in g.itertuples(index=False)]))
-    if not an.locality.empty:
-        g = an.locality.groupby(["rank", "producer", "consumer", "shape", "dtype"]).agg(
-            n=("bytes", "size"), nbytes=("bytes", "first"), us=("locality_us", "first")).reset_index()
-        out.append((f"intermediates through HBM (derived at {an.hardware}'s achievable HBM bandwidth)",
-                    ["rank", "written by", "read by", "shape", "dtype", "MB", "us each", "times"],
-                    [[str(r.rank), r.producer, r.consumer, r.shape, r.dtype, f"{r.nbytes / 1e6:,.2f}", f"{r.us:,.2f}",
-                      str(r.n)] for r in g.itertuples(index=False)]))
+    d = an.decomposition
+    rows = [[str(r.rank), str(r.step), r.flag or "", _fmt(r.span_us)] + [_fmt(getattr(r, k)) for k in STEP_ROWS]
+            for r in d.itertuples(index=False)]
+    out.append(("every step, us (flagged steps are left out of the statistics)",
+                ["rank", "step", "flag", "span"] + list(STEP_ROWS), rows[:MAX_ROWS]))
+    w = an.what_if.pivot_table(index=["rank", "step"], columns="change", values="projected_us").reset_index() \
+        if len(an.what_if) else None
+    if w is not None:
+        span = d.set_index(["rank", "step"])["span_us"]
+        out.append(("what if, per step (predicted): the step's time with the tax removed, us",
+                    ["rank", "step", "span", "CUDA graphs", "full overlap", "fusion"],
+                    [[str(x.rank), str(x.step), _fmt(span[(x.rank, x.step)]), _fmt(x.graphs), _fmt(x.overlap), _fmt(x.fusion)]
+                     for x in w.itertuples(index=False)][:MAX_ROWS]))
+    if len(an.host_frames):
+        out.append(("where the host was before host-bound gaps (own time, top frames)", ["rank", "step", "frame", "us"],
+                    [[str(x.rank), str(x.step), _short(x.frame, 70), _fmt(x.us)] for x in an.host_frames.itertuples(index=False)][:MAX_ROWS]))
+    comm = []
+    for r, tl in sorted(an.timelines.items()):
+        a = tl.activities[tl.activities["comm"] != ""]
+        for rule, g in a.groupby("comm"):
+            comm.append([str(r), rule, str(len(g)), _fmt(float((g["end_us"] - g["start_us"]).sum()))])
+    if comm:
+        out.append(("communication, by the rule that classified it", ["rank", "rule", "activities", "us"], comm))
+    if len(an.instances):
+        inst = an.instances
+        out.append((f"collective instances ({len(inst)}; {int((~inst['matched']).sum())} unmatched)",
+                    ["instance", "kernel", "step", "identified by", "ranks", "matched", "arrival skew us", "slowest rank",
+                     "max wait us"],
+                    [[_short(x.key, 40), _short(x.name, 40), str(x.step), x.source, str(x.n_ranks), "yes" if x.matched else "NO",
+                      _fmt(x.skew_us), str(x.slowest_rank) if x.matched else "-", _fmt(x.max_wait_us)]
+                     for x in inst.itertuples(index=False)][:MAX_ROWS]))
+        st = an.stragglers
+        out.append(("stragglers: per rank, at matched instances", ["rank", "instances", "arrived last", "wait it caused us",
+                                                                   "wait it paid us"],
+                    [[str(x.rank), str(x.instances), str(x.times_last), _fmt(x.caused_wait_us), _fmt(x.own_wait_us)]
+                     for x in st.itertuples(index=False)]))
+    if len(an.locality):
+        g = an.locality.groupby(["rank", "producer", "consumer", "source"]).agg(
+            n=("bytes", "size"), mb=("moved_bytes", "sum")).reset_index()
+        out.append(("intermediates through device memory (producer -> consumer)",
+                    ["rank", "written by", "read by", "evidence", "times", "MB moved"],
+                    [[str(x.rank), _short(x.producer, 40), _short(x.consumer, 40), x.source, str(x.n), f"{x.mb / 1e6:,.2f}"]
+                     for x in g.itertuples(index=False)][:MAX_ROWS]))
     return out
 
 
-def _short_name(name: str) -> str:
-    base = name.split("(")[0]
-    return base if len(base) <= 50 else base[:47] + "..."
+def _short(name: str, n: int) -> str:
+    name = str(name)
+    return name if len(name) <= n else name[: n - 3] + "..."
 
 
 def _markdown(doc, secs) -> str:
@@ -80,57 +88,15 @@ def _markdown(doc, secs) -> str:
     return "\n".join(out)
 
 
-def _html(doc, an, secs) -> str:
-    import base64
+def _html(doc, secs) -> str:
     import html
 
-    from taxes.reports import plots, render
+    from taxes.reports import render
 
-    case = doc["cases"][0]
-    esc = html.escape
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>taxes analyze</title>"
-             f"<style>{render._CSS}</style></head><body>", "<h1>taxes analyze</h1>",
-             f"<p class='meta'>{esc(render._meta_line(doc))}</p>",
-             "<p class='meta'>traces: " + esc(", ".join(f"rank {r}: {p}" for r, p in an.ranks.items())) + "</p>"]
-    parts += [f"<p class='meta'><b>warning:</b> {esc(w)}</p>" for w in an.warnings]
-    parts.append(render._html_table(*render.case_rows(case)))
-    for title, header, rows in secs:
-        parts.append(f"<h3>{esc(title)}</h3>" + render._html_table(header, rows))
-    for png, alt in ((_parts_png(an), "parts of each rank's step, every step"),
-                     (plots.timeline(case) if case["variants"][0]["phases"] else None, "timeline of the median step")):
-        if png:
-            parts.append(f'<img alt="{esc(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">')
-    parts.append("</body></html>")
-    return "\n".join(parts)
-
-
-def _parts_png(an) -> bytes:
-    """One stacked bar per (rank, step): the parts of the step's span."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from taxes import analyze as A
-
-    colors = {"compute": "#4C72B0", "locality": "#8172B3", "sync_wait": "#C44E52", "exposed_transfer": "#DD8452",
-              "launch": "#DA8BC3", "other_idle": "#BBBBBB", "unattributed": "#CCB974"}
-    d = an.decomposition
-    labels = [f"r{r.rank} s{r.step}" for r in d.itertuples(index=False)]
-    fig, ax = plt.subplots(figsize=(2 + 0.45 * len(labels), 4.2))
-    bottom = [0.0] * len(labels)
-    for p in A.PARTS:
-        vals = d[p].clip(lower=0).tolist()
-        ax.bar(labels, vals, bottom=bottom, color=colors[p], label=PART_TITLES[p], width=0.7)
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_ylabel("us")
-    ax.set_title("step span per rank, split into parts", fontsize=9)
-    ax.tick_params(axis="x", labelsize=7, rotation=90)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+    page = render.render_html(doc)
+    extra = "".join(f"<h3>{html.escape(t)}</h3>" + render._html_table(h, r) for t, h, r in secs)
+    warn = "".join(f"<p class='meta'><b>warning:</b> {html.escape(w)}</p>" for w in doc["metadata"].get("warnings", []))
+    return page.replace("</body>", warn + extra + "</body>") if "</body>" in page else page + warn + extra
 
 
 def _terminal(doc, secs, console) -> None:
@@ -170,50 +136,101 @@ def _write(path: str, data: str, force: bool) -> None:
     click.echo(f"wrote {path}", err=True)
 
 
+def _check_output(path: str, force: bool) -> None:
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise TaxesError(f"{path}: its directory does not exist")
+    if os.path.lexists(path) and not force:
+        raise TaxesError(f"{path}: already exists; pass --force to replace it (or choose another name)")
+
+
+_RANK = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+def _pair_execution_traces(traces, ets) -> dict:
+    """--et files to traces: by the rankN both names carry, else in the order given."""
+    if not ets:
+        return {}
+    if len(ets) > len(traces):
+        raise TaxesError(f"{len(ets)} execution traces (--et) for {len(traces)} traces")
+    by_rank = {int(m.group(1)): t for t in traces if (m := _RANK.search(os.path.basename(t)))}
+    out = {}
+    for i, e in enumerate(ets):
+        m = _RANK.search(os.path.basename(e))
+        if m and int(m.group(1)) in by_rank:
+            out[by_rank[int(m.group(1))]] = e
+        elif len(ets) == len(traces):
+            out[traces[i]] = e
+        else:
+            raise TaxesError(f"--et {e}: cannot tell which trace it belongs to (put rankN in both file names)")
+    return out
+
+
 @click.command("analyze")
 @click.argument("traces", nargs=-1, required=True)
-@click.option("--hardware", "hardware_name", default="h200-sxm", show_default=True,
-              help="Profile whose HBM bandwidth prices the data-locality tax (taxes hardware list).")
+@click.option("--hardware", "hardware_name", default=None,
+              help="Hardware profile (name or .json path); default: the one the traces' GPU name selects.")
+@click.option("--plain", "plain_file", type=click.Path(dir_okay=False),
+              help='Step times measured without the profiler: JSON {"<rank>": [us per step, ...]}.')
+@click.option("--comm-pattern", "comm_patterns", multiple=True,
+              help="Regular expression: kernels whose name it matches are communication (repeatable).")
+@click.option("--comm-patterns", "patterns_file", type=click.Path(dir_okay=False),
+              help="A file of such expressions, one per line (# comments).")
+@click.option("--et", "execution_traces", multiple=True,
+              help="A rank's execution trace (ExecutionTraceObserver JSON), for locality from tensor identity; "
+                   "also found as NAME.et.json beside NAME.json.")
+@click.option("--perfetto", "perfetto_out", type=click.Path(dir_okay=False),
+              help="Also write a Perfetto/Chrome trace with the attribution as tracks beside the kernels.")
+@click.option("--jobs", type=click.IntRange(1, 256), default=None, help="Worker processes (default: one per core).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report here instead of stdout.")
-@click.option("--force", is_flag=True, help="Replace an existing -o file.")
-def analyze(traces, hardware_name, fmt, output, force):
-    """Split every profiled step of torch.profiler TRACES (one .json or .json.gz per rank, of any PyTorch
-    program) into compute and the three taxes, per rank."""
-    from rich.console import Console
-
+@click.option("--force", is_flag=True, help="Replace an existing -o / --perfetto file.")
+def analyze(traces, hardware_name, plain_file, comm_patterns, patterns_file, execution_traces, perfetto_out, jobs,
+            fmt, output, force):
+    """Split every step of torch.profiler TRACES (one .json or .json.gz per rank, of any PyTorch program)
+    into compute and the taxes, per rank."""
     from taxes import analyze as A
-    from taxes.reports import render
+    from taxes.classify import read_patterns_file
     from taxes.results import dumps
 
     if fmt == "html" and not output:
         raise TaxesError("--format html writes a file: give -o REPORT.html")
-    if output:
-        if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
-            raise TaxesError(f"{output}: its directory does not exist")
-        if os.path.lexists(output) and not force:
-            raise TaxesError(f"{output}: already exists; pass --force to replace it (or choose another name)")
-    an = A.analyze(traces, hardware_name)
+    for path in (output, perfetto_out):
+        if path:
+            _check_output(path, force)
+    patterns = list(comm_patterns) + (read_patterns_file(patterns_file) if patterns_file else [])
+    plain = A.read_plain(plain_file) if plain_file else None
+    an = A.analyze(list(traces), hardware_name, plain_steps=plain, comm_patterns=tuple(patterns),
+                   execution_traces=_pair_execution_traces(list(traces), list(execution_traces)), jobs=jobs)
     for w in an.warnings:
         click.echo(f"taxes: warning: {w}", err=True)
     doc = A.analysis_document(an)
-    secs = sections(an)
+    if perfetto_out:
+        from taxes import perfetto
+
+        perfetto.write(an, perfetto_out)
+        click.echo(f"wrote {perfetto_out}", err=True)
     if fmt == "json":
         text = dumps(doc)
-    elif fmt == "md":
-        text = _markdown(doc, secs)
-    elif fmt == "html":
-        text = _html(doc, an, secs)
     else:
-        Console(stderr=True, highlight=False).print(render._meta_line(doc), markup=False)
-        if output:
-            buf = io.StringIO()
-            _terminal(doc, secs, Console(file=buf, width=160, color_system=None, highlight=False))
-            text = buf.getvalue()
+        secs = sections(an)
+        if fmt == "md":
+            text = _markdown(doc, secs)
+        elif fmt == "html":
+            text = _html(doc, secs)
         else:
-            _terminal(doc, secs, Console(highlight=False, width=None if sys.stdout.isatty() else 200))
-            click.echo("labels: m measured, d derived; times in us per step", err=True)
-            return
+            from rich.console import Console
+
+            from taxes.reports import render
+
+            Console(stderr=True, highlight=False).print(render._meta_line(doc), markup=False)
+            if output:
+                buf = io.StringIO()
+                _terminal(doc, secs, Console(file=buf, width=200, color_system=None, highlight=False))
+                text = buf.getvalue()
+            else:
+                _terminal(doc, secs, Console(highlight=False, width=None if sys.stdout.isatty() else 220))
+                click.echo("labels: m measured, d derived, p predicted; times in us per step", err=True)
+                return
     if output:
         _write(output, text, force)
     else:

@@ -22,6 +22,10 @@ then:
     unattributed      window - everything above, with its sign: unknown idle, and where the kernels'
                       own floors disagree with the floor and locality.
 
+An activity launched in no window (step -2: before recording began, or outside every profiled
+iteration) is charged to none: its device time is no window's compute, and no idle gap either (it
+stays in unattributed).
+
 Idle gap [a, b) before activity X, whose launch call returned at Le (a graph replay's kernels carry the
 graph launch's), made inside a launching host call that began at Cs (a profiled step, a top-level CPU op;
 the launch itself where none holds it); the host had last left a launching call, or begun the step, at F:
@@ -79,20 +83,37 @@ class Attribution:
 
 
 def attribute(timelines: list[Timeline], floor: Floor | None = None, locality_bytes: float | dict | None = None,
-              us_per_byte: float | None = None, launch_latency_us: float | None = None) -> Attribution:
+              us_per_byte: float | None = None, launch_latency_us: float | None = None, jobs: int = 1) -> Attribution:
     """Every window of every rank -> rows. floor: the step's floor (None: no ideal or inefficiency rows);
-    locality_bytes: intermediate bytes per step (a number, or {step: bytes}); us_per_byte: HBM time per
-    byte; launch_latency_us: overrides the latency estimated from each timeline."""
+    locality_bytes: intermediate bytes per step (a number, {step: bytes} or {(rank, step): bytes});
+    us_per_byte: HBM time per byte; launch_latency_us: overrides the latency estimated from each timeline;
+    jobs: worker processes for the ranks (after the collectives are matched, each rank is independent)."""
     coll = match_collectives(timelines)
-    rows, gap_frames, notes = [], [], []
+    notes = []
+    args = []
     for tl in timelines:
         waits = coll[coll["rank"] == tl.rank].set_index("activity")["wait_us"] if not coll.empty else pd.Series(dtype=float)
-        r, g = _attribute_rank(tl, waits, floor, locality_bytes, us_per_byte, launch_latency_us, notes)
-        rows.append(r)
-        gap_frames.append(g)
+        args.append((tl, waits, floor, locality_bytes, us_per_byte, launch_latency_us))
+    if jobs > 1 and len(timelines) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=min(jobs, len(timelines))) as pool:
+            results = list(pool.map(_attribute_rank_of, args))
+    else:
+        results = [_attribute_rank_of(a) for a in args]
+    rows = [r for r, _, _ in results]
+    gap_frames = [g for _, g, _ in results]
+    for _, _, n in results:
+        notes += n
     rows_df = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["rank", "step", "span_us", *ROWS])
     gaps_df = pd.concat(gap_frames, ignore_index=True) if gap_frames else pd.DataFrame()
     return Attribution(rows_df, gaps_df, coll, notes)
+
+
+def _attribute_rank_of(args) -> tuple:
+    notes: list = []
+    r, g = _attribute_rank(*args, notes)
+    return r, g, notes
 
 
 # ---- collectives across ranks ---------------------------------------------------------------------
@@ -139,37 +160,46 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
     sync_ends = np.sort(tl.launches.loc[tl.launches["kind"] == "sync", "end_us"].values.astype(float))
     busy_hosts = {k: merge(h["start_us"], h["end_us"]) for k, h in tl.host.groupby("kind") if k in ("compile", "data")}
     by_start = _steps_by_start(acts, tl.windows)
-    step_of = pd.Series(np.where(acts["step"].values >= 0, acts["step"].values, by_start.values), index=acts.index)
-    rows, gap_rows = [], []
+    # step -1: the window its start falls in; any other negative step: launched in no window, charged to none
+    step_of = np.where(acts["step"].values >= 0, acts["step"].values,
+                       np.where(acts["step"].values == -1, by_start.values, -2))
+    positions = pd.Series(np.arange(len(acts))).groupby(step_of).indices if len(acts) else {}
+    foreign = positions.get(-2, np.empty(0, dtype=np.int64))  # launched in no window: busy, but no window's work
+    starts_all, ends_all = acts["start_us"].values.astype(float), acts["end_us"].values.astype(float)
+    comm_all = (acts["comm"] != "").values
+    wait_all = np.clip(np.nan_to_num(acts["wait_us"].values.astype(float)), 0.0, None)
+    floor_all = acts["floor_us"].values.astype(float)
+    coll_wait = waits.reindex(acts.index).fillna(0.0).values if len(waits) else np.zeros(len(acts))
+    rows, gap_frames = [], []
     for w in tl.windows.itertuples(index=False):
         lo, hi = float(w.start_us), float(w.end_us)
-        mine = acts[(step_of == w.step).values]
-        mine = mine[(mine["end_us"] > lo) & (mine["start_us"] < hi)]
-        s = mine["start_us"].clip(lo, hi).values
-        e = mine["end_us"].clip(lo, hi).values
-        comm = (mine["comm"] != "").values
+        pos = positions.get(w.step, np.empty(0, dtype=np.int64))
+        pos = pos[(ends_all[pos] > lo) & (starts_all[pos] < hi)]
+        s = np.clip(starts_all[pos], lo, hi)
+        e = np.clip(ends_all[pos], lo, hi)
+        comm = comm_all[pos]
         all_m, comp_m = merge(s, e), merge(s[~comm], e[~comm])
         span = hi - lo
         busy = measure(all_m, lo, hi)
         compute_busy = measure(comp_m, lo, hi)
         exposed = busy - compute_busy
         # sync wait at collectives: the exposed part of [arrival, arrival + wait)
-        cw = waits.reindex(mine.index[comm]).fillna(0.0).values if len(waits) else np.zeros(int(comm.sum()))
+        cw = coll_wait[pos][comm]
         wait_m = merge(s[comm], np.minimum(s[comm] + cw, e[comm]))
         sync_coll = min(measure(union(wait_m, comp_m), lo, hi) - compute_busy, exposed)
-        in_kernel_wait = float(mine.loc[~comm, "wait_us"].fillna(0.0).clip(lower=0.0).sum())
+        in_kernel_wait = float(wait_all[pos][~comm].sum())
         unhide = floor.unhideable_link_us if floor is not None else 0.0
         unhide_comm = min(unhide, max(0.0, exposed - sync_coll))
         unhide_kernel = min(unhide - unhide_comm, in_kernel_wait)
         r = {k: 0.0 for k in ROWS}
         r["sync_wait"] = sync_coll + in_kernel_wait - unhide_kernel
         r["exposed_transfer"] = exposed - sync_coll - unhide_comm
-        loc_b = locality_bytes.get(w.step, 0.0) if isinstance(locality_bytes, dict) else (locality_bytes or 0.0)
+        loc_b = _locality_bytes_of(locality_bytes, tl.rank, w.step)
         r["locality"] = loc_b * us_per_byte if us_per_byte else 0.0
         # compute: kernels with their own floor are split into floor (in `ideal`, from the step's floor) and
         # inefficiency; the others stay `compute`
-        dur = (e - s)[~comm] - mine.loc[~comm, "wait_us"].fillna(0.0).clip(lower=0.0).values
-        fl = mine.loc[~comm, "floor_us"].values
+        dur = (e - s)[~comm] - wait_all[pos][~comm]
+        fl = floor_all[pos][~comm]
         known = ~np.isnan(fl)
         if floor is not None:
             r["ideal"] = floor.ideal_us
@@ -178,18 +208,34 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         else:
             r["compute"] = compute_busy - in_kernel_wait - r["locality"]
         # idle, gap by gap
-        ga, gb = gaps(all_m, lo, hi)
-        pieces = _split_gaps(ga, gb, mine, launch.loc[mine.index], cs[acts.index.get_indexer(mine.index)],
-                             free[acts.index.get_indexer(mine.index)], sync_ends, busy_hosts, lat)
-        for g, (cause, length) in enumerate(pieces):
-            r[_CAUSE_ROW[cause]] += length
-            gap_rows.append((tl.rank, w.step, cause, length))
+        # the device is not idle while it runs work launched in no window (that time stays unattributed)
+        fo = foreign[(ends_all[foreign] > lo) & (starts_all[foreign] < hi)]
+        ga, gb = gaps(union(all_m, merge(starts_all[fo], ends_all[fo])) if len(fo) else all_m, lo, hi)
+        pieces = split_gaps(ga, gb, starts_all[pos], ends_all[pos], acts["graph"].values[pos],
+                            launch["le"].values[pos], launch["tid"].values[pos], cs[pos], free[pos],
+                            sync_ends, busy_hosts, lat)
+        for cause in np.unique(pieces["cause"]):
+            r[_CAUSE_ROW[cause]] += float(pieces["dur_us"][pieces["cause"] == cause].sum())
+        pieces["rank"] = np.full(len(pieces["dur_us"]), tl.rank)
+        pieces["step"] = np.full(len(pieces["dur_us"]), w.step, dtype=object)
+        gap_frames.append(pieces)
         r["unattributed"] += span - math.fsum(v for k, v in r.items())
         rows.append({"rank": tl.rank, "step": w.step, "start_us": lo, "end_us": hi, "span_us": span, **r,
                      "busy_us": busy, "compute_busy_us": compute_busy, "exposed_comm_us": exposed,
                      "comm_us": measure(merge(s[comm], e[comm]), lo, hi), "in_kernel_wait_us": in_kernel_wait,
                      "locality_bytes": loc_b, "launch_latency_us": lat})
-    return pd.DataFrame(rows), pd.DataFrame(gap_rows, columns=["rank", "step", "cause", "dur_us"])
+    g = pd.DataFrame({c: np.concatenate([f[c] for f in gap_frames]) if gap_frames else [] for c in GAP_COLUMNS})
+    g["step"] = g["step"].infer_objects() if len(g) else g["step"]
+    return pd.DataFrame(rows), g
+
+
+def _locality_bytes_of(locality_bytes, rank: int, step) -> float:
+    """Intermediate bytes of a window: a number for every window, or a dict keyed by step or by (rank, step)."""
+    if isinstance(locality_bytes, dict):
+        if (rank, step) in locality_bytes:
+            return float(locality_bytes[(rank, step)])
+        return float(locality_bytes.get(step, 0.0))
+    return float(locality_bytes or 0.0)
 
 
 def _steps_by_start(acts: pd.DataFrame, windows: pd.DataFrame) -> pd.Series:
@@ -254,58 +300,74 @@ def launch_latency(tl: Timeline) -> float:
 LATENCY_SPREAD = 4.0  # a start later than this many median latencies after its launch returned waited on something else
 
 
-def _split_gaps(ga, gb, acts: pd.DataFrame, launch: pd.DataFrame, cs_all: np.ndarray, free_all: np.ndarray,
-                sync_ends: np.ndarray, busy_hosts: dict, lat: float):
-    """Yield (cause, length) pieces of every idle gap (see the module docstring)."""
+GAP_COLUMNS = ("rank", "step", "cause", "dur_us", "start_us", "end_us", "host_start_us", "host_end_us", "tid")
+_PIECE_ORDER = ("unknown", "graph", "sync", "compile", "data", "host", "launch", "queued")
+
+
+def split_gaps(ga, gb, starts, ends, graph, le, tid, cs_all, free_all, sync_ends, busy_hosts: dict,
+               lat: float) -> pd.DataFrame:
+    """Every idle gap [ga, gb) of a window split into (cause, length) pieces (the module docstring's
+    rules), all gaps at once, as columns (numpy arrays): cause, dur_us, start_us and end_us (the gap), host_start_us and
+    host_end_us (where the host was elsewhere: [cs - share, cs), for the host's share), tid (of the next
+    activity's launch). Pieces of one gap follow each other in the order sync | compile, data, host,
+    launch, queued."""
+    ga, gb = np.asarray(ga, dtype=float), np.asarray(gb, dtype=float)
     if ga.size == 0:
-        return
-    starts = acts["start_us"].values
+        return {c: np.empty(0, dtype=object if c in ("cause", "tid") else float) for c in GAP_COLUMNS[2:]}
     order = np.argsort(starts, kind="stable")
     s_sorted = starts[order]
-    ends = acts["end_us"].values
-    graph = acts["graph"].values
-    pos = {i: k for k, i in enumerate(acts.index)}
-    for a, b in zip(ga, gb):
-        j = np.searchsorted(s_sorted, b, side="left")
-        if j >= len(order) or s_sorted[j] > b + 1e-9:
-            yield "unknown", b - a  # nothing starts where the gap ends (a window's tail)
-            continue
-        x = order[j]
-        idx = acts.index[x]
-        prev = np.flatnonzero(np.abs(ends - a) <= 1e-9)
-        if graph[x] >= 0 and prev.size and np.any(graph[prev] == graph[x]):
-            yield "graph", b - a
-            continue
-        le = launch.at[idx, "le"]
-        if math.isnan(le):
-            yield "unknown", b - a
-            continue
-        if math.isnan(lat):  # no latency estimate: a launch that returned before the device idled waited on nothing
-            queued = b - a if le <= a else 0.0
-        else:
-            queued = max(0.0, b - max(a, le + LATENCY_SPREAD * lat))
-        waited = b - a - queued
-        cs, free = cs_all[pos[idx]], free_all[pos[idx]]
-        host = min(waited, max(0.0, cs - free))  # what the gap would lose had the host launched as soon as it was free
-        if host > 0:
-            k = np.searchsorted(sync_ends, cs, side="right")
-            if k > 0 and sync_ends[k - 1] > a:  # the host waited for the device to drain, then refilled it
-                yield "sync", host
-            else:
-                rest = host
-                for kind, cause in (("compile", "compile"), ("data", "data")):
-                    m = busy_hosts.get(kind)
-                    if m is not None and rest > 0:
-                        part = min(rest, float(covered(m, [cs - host], [cs])[0]))
-                        if part > 0:
-                            yield cause, part
-                            rest -= part
-                if rest > 0:
-                    yield "host", rest
-        if waited > host:
-            yield "launch", waited - host
-        if queued > 0:
-            yield "queued", queued
+    j = np.searchsorted(s_sorted, gb, side="left")
+    has_next = (j < len(order))
+    has_next[has_next] = s_sorted[j[has_next]] <= gb[has_next] + 1e-9
+    x = order[np.minimum(j, len(order) - 1)] if len(order) else np.zeros(len(ga), dtype=np.int64)
+    # graph: X and the activity that ended at the gap's start belong to one graph replay
+    in_graph = np.zeros(len(ga), dtype=bool)
+    if len(order):
+        gx = graph[x]
+        e_order = np.argsort(ends, kind="stable")
+        e_sorted, g_by_end = ends[e_order], graph[e_order]
+        lo_i = np.searchsorted(e_sorted, ga - 1e-9, side="left")
+        hi_i = np.searchsorted(e_sorted, ga + 1e-9, side="right")
+        for k in np.flatnonzero(has_next & (gx >= 0) & (hi_i > lo_i)):
+            in_graph[k] = bool(np.any(g_by_end[lo_i[k]:hi_i[k]] == gx[k]))
+    length = gb - ga
+    lex = le[x] if len(order) else np.full(len(ga), np.nan)
+    unknown = ~has_next | (~in_graph & np.isnan(lex))
+    graph_gap = has_next & in_graph
+    ok = ~unknown & ~graph_gap
+    if math.isnan(lat):  # no latency estimate: a launch that returned before the device idled waited on nothing
+        queued = np.where(lex <= ga, length, 0.0)
+    else:
+        queued = np.clip(gb - np.maximum(ga, lex + LATENCY_SPREAD * lat), 0.0, None)
+    queued = np.where(ok, np.nan_to_num(queued), 0.0)
+    waited = length - queued
+    csx = cs_all[x] if len(order) else np.full(len(ga), np.nan)
+    share = np.where(ok, np.minimum(waited, np.clip(np.nan_to_num(csx - free_all[x] if len(order) else 0.0), 0.0, None)), 0.0)
+    k = np.searchsorted(sync_ends, np.nan_to_num(csx), side="right")
+    synced = ok & (share > 0) & (k > 0) & (np.where(k > 0, sync_ends[np.maximum(k - 1, 0)] if len(sync_ends) else -np.inf, -np.inf) > ga)
+    rest = np.where(synced, 0.0, share)
+    parts = {"sync": np.where(synced, share, 0.0)}
+    for kind, cause in (("compile", "compile"), ("data", "data")):
+        m = busy_hosts.get(kind)
+        part = np.zeros(len(ga))
+        live = ok & (rest > 0)
+        if m is not None and live.any():
+            part[live] = np.minimum(rest[live], covered(m, (csx - share)[live], csx[live]))
+        parts[cause] = part
+        rest = rest - part
+    parts["host"] = rest
+    parts["launch"] = np.where(ok, waited - share, 0.0)
+    parts["queued"] = queued
+    parts["unknown"] = np.where(unknown, length, 0.0)
+    parts["graph"] = np.where(graph_gap, length, 0.0)
+    tids = tid[x] if len(order) else np.full(len(ga), np.nan)
+    values = np.stack([parts[c] for c in _PIECE_ORDER], axis=1)  # gap x cause, in piece order
+    g_idx, c_idx = np.nonzero(values > 0)  # row-major: gap by gap, each gap's pieces in order
+    has = share[g_idx] > 0
+    return {"cause": np.asarray(_PIECE_ORDER, dtype=object)[c_idx], "dur_us": values[g_idx, c_idx],
+            "start_us": ga[g_idx], "end_us": gb[g_idx],
+            "host_start_us": np.where(has, csx[g_idx] - share[g_idx], np.nan),
+            "host_end_us": np.where(has, csx[g_idx], np.nan), "tid": np.asarray(tids, dtype=object)[g_idx]}
 
 
 # ---- across iterations ----------------------------------------------------------------------------

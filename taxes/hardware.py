@@ -159,7 +159,103 @@ MI300X = HardwareProfile(
     p2p_efficiency=0.60,  # assumed
 )
 
-BUILTIN = {p.name: p for p in (H100_SXM, H200_SXM, MI300X)}
+# NVIDIA A100 Tensor Core GPU datasheet (2021), SXM4 80GB: BF16/FP16 tensor 312 TFLOPS dense (624 with
+# sparsity), HBM2e 2,039 GB/s, NVLink 3 600 GB/s bidirectional (300 GB/s each way); 108 SMs (A100 whitepaper).
+A100_SXM = HardwareProfile(
+    name="a100-sxm",
+    description="NVIDIA A100 SXM4 80GB, NVLink 3 through NVSwitch",
+    source="datasheet",
+    sm_count=108,
+    matrix_tflops={"bf16": 312.0, "fp16": 312.0},
+    hbm_gbps=2039.0,
+    peer_link_gbps=300.0,
+    injection_gbps=300.0,
+    link_latency_us=2.0,  # assumed, as for H100
+    collective_base_us=27.0,  # assumed, as measured for H100/H200
+    launch_eager_us=20.0,  # assumed, as measured for H100/H200
+    launch_graph_us=0.9,  # assumed, as measured for H100/H200
+    flag_round_trip_us=5.0,  # assumed
+    kernel_floor_us=2.0,  # assumed
+    rank_skew_us=5.0,  # assumed
+    matmul_efficiency=0.80,  # assumed, as measured for H100
+    triton_matmul_efficiency=0.75,  # assumed
+    hbm_efficiency=0.90,  # assumed, as measured for H100
+    collective_efficiency=0.63,  # assumed, as measured for H200
+    p2p_efficiency=0.70,  # assumed, as measured for H200
+)
+
+# NVIDIA H800 SXM5 (the H100 die with NVLink limited to 400 GB/s bidirectional, 200 GB/s each way): BF16/FP16
+# tensor 989.4 TFLOPS dense, HBM3 3.35 TB/s, 132 SMs (NVIDIA H800 product brief, 2023).
+H800_SXM = HardwareProfile(
+    name="h800-sxm",
+    description="NVIDIA H800 SXM5 80GB, NVLink 400 GB/s",
+    source="datasheet",
+    sm_count=132,
+    matrix_tflops={"bf16": 989.4, "fp16": 989.4},
+    hbm_gbps=3350.0,
+    peer_link_gbps=200.0,
+    injection_gbps=200.0,
+    link_latency_us=2.0,  # assumed, as for H100
+    collective_base_us=27.0,  # assumed, as measured for H100/H200
+    launch_eager_us=20.0,  # assumed, as measured for H100/H200
+    launch_graph_us=0.9,  # assumed, as measured for H100/H200
+    flag_round_trip_us=5.0,  # assumed
+    kernel_floor_us=2.0,  # assumed
+    rank_skew_us=5.0,  # assumed
+    matmul_efficiency=0.80,  # assumed, as measured for H100
+    triton_matmul_efficiency=0.76,  # assumed, as for H100
+    hbm_efficiency=0.90,  # assumed, as measured for H100
+    collective_efficiency=0.63,  # assumed, as measured for H200
+    p2p_efficiency=0.70,  # assumed, as measured for H200
+)
+
+# NVIDIA DGX B200 datasheet (2024), per GPU (the system's figures / 8): FP16/BF16 tensor 4.5 PFLOPS with
+# sparsity (2,250 dense), HBM3e 8 TB/s (64 TB/s per system), NVLink 5 1.8 TB/s bidirectional (900 GB/s each
+# way); 148 SMs.
+B200 = HardwareProfile(
+    name="b200",
+    description="NVIDIA B200 180GB, NVLink 5 through NVSwitch",
+    source="datasheet",
+    sm_count=148,
+    matrix_tflops={"bf16": 2250.0, "fp16": 2250.0},
+    hbm_gbps=8000.0,
+    peer_link_gbps=900.0,
+    injection_gbps=900.0,
+    link_latency_us=2.0,  # assumed, as for H100
+    collective_base_us=27.0,  # assumed, as measured for H100/H200
+    launch_eager_us=20.0,  # assumed, as measured for H100/H200
+    launch_graph_us=0.9,  # assumed, as measured for H100/H200
+    flag_round_trip_us=5.0,  # assumed
+    kernel_floor_us=2.0,  # assumed
+    rank_skew_us=5.0,  # assumed
+    matmul_efficiency=0.75,  # assumed
+    triton_matmul_efficiency=0.70,  # assumed
+    hbm_efficiency=0.90,  # assumed, as measured for H100
+    collective_efficiency=0.63,  # assumed, as measured for H200
+    p2p_efficiency=0.70,  # assumed, as measured for H200
+)
+
+BUILTIN = {p.name: p for p in (A100_SXM, H100_SXM, H800_SXM, H200_SXM, B200, MI300X)}
+# A GPU's name as drivers report it (and traces record it) -> the built-in profile that describes it; names
+# this table does not know (PCIe and NVL boards, other memory sizes) get no profile: the caller asks for one.
+GPU_PROFILES = (
+    (r"\bA100[- ](SXM4?[- ]80GB|PG509)", "a100-sxm"),
+    (r"\bH100 80GB HBM3\b|\bH100[- ]SXM", "h100-sxm"),
+    (r"\bH800\b(?!.*PCIe)", "h800-sxm"),
+    (r"\bH200\b(?!.*NVL)", "h200-sxm"),
+    (r"\bB200\b", "b200"),
+    (r"\bMI300X\b", "mi300x"),
+)
+
+
+def profile_for_gpu(gpu_name: str) -> str | None:
+    """The built-in profile for a GPU name a trace or driver reports, None when none fits."""
+    import re
+
+    for pattern, name in GPU_PROFILES:
+        if re.search(pattern, gpu_name or ""):
+            return name
+    return None
 _NUMBER_FIELDS = [f.name for f in fields(HardwareProfile) if f.type in ("float", "int")]
 _FRACTIONS = [n for n in _NUMBER_FIELDS if n.endswith("_efficiency")]
 

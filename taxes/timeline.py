@@ -121,11 +121,16 @@ LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativ
                 "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cudaMemcpyAsync", "cudaMemcpy2DAsync",
                 "cudaMemcpyPeerAsync", "cudaMemsetAsync", "cudaMemset2DAsync", "cuMemcpyAsync", "cuMemcpyDtoDAsync",
                 "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyPeerAsync", "cuMemsetD8Async", "cuMemsetD16Async",
-                "cuMemsetD32Async"}
-GRAPH_CALLS = {"cudaGraphLaunch", "cuGraphLaunch"}
+                "cuMemsetD32Async",
+                # HIP (ROCm traces)
+                "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel", "hipExtModuleLaunchKernel",
+                "hipLaunchCooperativeKernel", "hipMemcpyAsync", "hipMemcpy2DAsync", "hipMemcpyPeerAsync",
+                "hipMemsetAsync", "hipMemsetD32Async", "hipMemsetD8Async"}
+GRAPH_CALLS = {"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"}
 SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaThreadSynchronize",
               "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cudaMemcpy", "cuMemcpy",
-              "cuMemcpyDtoH", "cuMemcpyHtoD"}
+              "cuMemcpyDtoH", "cuMemcpyHtoD", "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize",
+              "hipMemcpy", "hipMemcpyWithStream"}
 
 
 def api_name(cbid_name: str) -> str:

@@ -258,3 +258,29 @@ def test_a_slow_outlier_iteration_does_not_become_sync_wait():
     assert 4 not in s["kept"]
     assert s["rows"]["sync_wait"] < 10.0
     assert math.fsum(s["rows"].values()) == pytest.approx(s["e2e_us"])
+
+
+def test_locality_bytes_per_rank_and_step_and_gap_times():
+    # two ranks, one step each: bytes keyed by (rank, step) reach only that rank's row; each gap piece
+    # carries the gap it came from, and a host-bound piece the interval the host was elsewhere
+    tls = [run(chain(3, dur_us=1.0, call_us=3.0, api_us=2.0, pre_us=9.0), rank=r) for r in (0, 1)]
+    att = attribute(tls, locality_bytes={(1, 0): 1000.0}, us_per_byte=0.002)
+    assert one(att.rows, rank=0)["locality"] == 0.0
+    assert one(att.rows, rank=1)["locality"] == pytest.approx(2.0)
+    g = att.gaps[(att.gaps["rank"] == 0) & (att.gaps["cause"] == "host")]
+    assert len(g) == 3 and (g["host_end_us"] - g["host_start_us"]).tolist() == pytest.approx([9.0] * 3)
+    assert ((g["end_us"] - g["start_us"]) >= g["dur_us"] - 1e-9).all()
+
+
+def test_an_activity_launched_in_no_window_is_charged_to_none():
+    # a kernel launched before recording began (step -2: no window holds its launch) runs at the start of
+    # the window: its device time is not the window's compute; the window's own kernel queued behind it
+    tl = run(chain(1, dur_us=10.0, not_before_us=130.5))
+    early = {"name": "before", "start_us": 100.5, "end_us": 130.5, "step": -2}
+    tl = timeline(0, [early, *tl.activities.to_dict("records")], tl.launches, tl.host, tl.windows)
+    r = one(rows_of(tl)[1])
+    assert r["compute"] == pytest.approx(10.0)
+    # the device was busy, but not with this window's work (and idle 0.5 us before it, cause unknown)
+    assert r["unattributed"] == pytest.approx(30.5)
+    assert r["launch"] + r["queued"] + r["host_bound"] == pytest.approx(0.0)
+    adds_up(r)

@@ -1,0 +1,211 @@
+"""Read a Chrome trace document one event at a time, in bounded memory.
+
+A trace of a million events is a few hundred MB of JSON; `json.loads` of the whole file builds every event
+as a dict at once (about 1 GB per million events). This reader decodes the document's top-level keys one
+by one and the `traceEvents` array element by element with the standard library's scanner, from a
+window of text refilled in chunks, so an event exists only while the caller reads it. Plain or gzip
+(told by the first two bytes, whatever the file's name); the bare-array form is read the same way.
+
+Everything malformed is a one-line TaxesError: not UTF-8, truncated or malformed JSON, NaN or Infinity,
+nesting deep enough to exhaust the stack, more than `limit` bytes once decompressed.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import json
+import re
+import zlib
+from decimal import Decimal
+from pathlib import Path
+
+from taxes.errors import TaxesError
+
+CHUNK_BYTES = 8 << 20
+REFILL_CHARS = 1 << 20  # keep at least this much text ahead of the cursor, so most events decode in one go
+_WS = re.compile(r"[ \t\n\r]*")
+_SEP = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
+
+
+def one_line(message: str) -> TaxesError:
+    """The error as one printable line: a file or kernel name may hold line breaks or control bytes."""
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(message))
+    return TaxesError(text if len(text) <= 400 else text[:397] + "...")
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+class TraceStream:
+    """`for event in stream.events(): ...`; afterwards `stream.meta` holds every other top-level key."""
+
+    def __init__(self, path, limit: int, exact: bool = False):
+        self.path = Path(path)
+        self.limit = limit
+        self.meta: dict = {}
+        self._decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=Decimal if exact else float)
+        self._scan = self._decoder.scan_once
+        self._raw = None
+        self._text_decoder = codecs.getincrementaldecoder("utf-8")()
+        self._buf = ""
+        self._pos = 0
+        self._eof = False
+        self._read = 0
+
+    # ---- the text window -------------------------------------------------------------------------
+
+    def _open(self):
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
+            raise one_line(f"{self.path}: no such file") from None
+        except IsADirectoryError:
+            raise one_line(f"{self.path}: a directory, not a trace file") from None
+        except OSError as e:
+            raise one_line(f"{self.path}: cannot read it ({e.strerror or e})") from None
+        magic = f.read(2)
+        f.seek(0)
+        self._raw = gzip.GzipFile(fileobj=f) if magic == b"\x1f\x8b" else f
+
+    def _refill(self) -> bool:
+        """Append the next chunk of text to the window (dropping what was read); False at the end."""
+        if self._eof:
+            return False
+        try:
+            data = self._raw.read(CHUNK_BYTES)
+        except (OSError, EOFError, zlib.error) as e:
+            raise one_line(f"{self.path}: a truncated or corrupt gzip file ({e})") from None
+        self._read += len(data)
+        if self._read > self.limit:
+            raise one_line(f"{self.path}: larger than {self.limit >> 20} MiB decompressed; refusing to parse it")
+        try:
+            text = self._text_decoder.decode(data, final=not data)
+        except UnicodeDecodeError:
+            raise one_line(f"{self.path}: not a trace (not UTF-8 text)") from None
+        if not data:
+            self._eof = True
+        self._buf = self._buf[self._pos:] + text
+        self._pos = 0
+        return bool(data) or bool(text)
+
+    def _skip_ws(self) -> str:
+        """The next non-blank character ("" at the end of the file)."""
+        while True:
+            self._pos = _WS.match(self._buf, self._pos).end()
+            if self._pos < len(self._buf):
+                return self._buf[self._pos]
+            if not self._refill():
+                return ""
+
+    def _malformed(self, why: str) -> TaxesError:
+        return one_line(f"{self.path}: not complete JSON, truncated or malformed ({why})")
+
+    def _value(self):
+        """Decode the value at the cursor. A value that fails or ends at the window's end may continue
+        in the next chunk: refill and decode again."""
+        self._skip_ws()
+        while True:
+            try:
+                value, end = self._scan(self._buf, self._pos)
+                if end < len(self._buf) or self._eof:
+                    self._pos = end
+                    return value
+            except StopIteration:
+                if self._eof:
+                    raise self._malformed(f"no JSON value at offset {self._read - len(self._buf) + self._pos}") from None
+            except json.JSONDecodeError as e:
+                if self._eof:
+                    raise self._malformed(str(e).splitlines()[0]) from None
+            except RecursionError:
+                raise one_line(f"{self.path}: not a trace (nested too deeply)") from None
+            except ValueError as e:  # NaN / Infinity, an integer of too many digits
+                raise self._malformed(str(e).splitlines()[0]) from None
+            self._refill()  # at the end of the file this marks it ended, and the next pass decides
+
+    def _expect(self, chars: str) -> str:
+        c = self._skip_ws()
+        if c == "" or c not in chars:
+            raise self._malformed(f"expected {' or '.join(repr(x) for x in chars)}, found {c!r}" if c else "it ends early")
+        self._pos += 1
+        return c
+
+    # ---- the document ----------------------------------------------------------------------------
+
+    def events(self):
+        """Yield every element of traceEvents (or of a bare top-level array), in file order."""
+        self._open()
+        try:
+            first = self._skip_ws()
+            if first == "[":
+                self._pos += 1
+                yield from self._array()
+                self._trailing()
+                return
+            if first != "{":
+                if first == "":
+                    raise self._malformed("the file is empty")
+                value = self._value()
+                if isinstance(value, (dict, list)):
+                    raise self._malformed("unexpected data")
+                raise one_line(f"{self.path}: not a Chrome trace (no traceEvents list)")
+            self._pos += 1
+            found = False
+            if self._skip_ws() == "}":
+                self._pos += 1
+            else:
+                while True:
+                    if self._skip_ws() != '"':
+                        raise self._malformed("expected a key")
+                    key = self._value()
+                    self._expect(":")
+                    if key == "traceEvents" and self._skip_ws() == "[":
+                        self._pos += 1
+                        found = True
+                        yield from self._array()
+                    else:
+                        self.meta[key] = self._value()
+                    if self._expect(",}") == "}":
+                        break
+            self._trailing()
+            if not found:
+                raise one_line(f"{self.path}: not a Chrome trace (no traceEvents list)")
+        finally:
+            if self._raw is not None:
+                self._raw.close()
+
+    def _array(self):
+        if self._skip_ws() == "]":
+            self._pos += 1
+            return
+        scan, sep = self._scan, _SEP.match
+        while True:
+            if len(self._buf) - self._pos < REFILL_CHARS and not self._eof:
+                self._refill()
+            buf, pos = self._buf, self._pos
+            try:  # the common case: a whole event, then its separator, inside the window
+                value, end = scan(buf, pos)
+                m = sep(buf, end) if end < len(buf) else None
+            except (StopIteration, ValueError, RecursionError):
+                m = None
+            if m is None or (m.end() == len(buf) and not self._eof):
+                yield from self._array_slowly()
+                return
+            self._pos = m.end()
+            yield value
+            if m.group(1) == "]":
+                return
+
+    def _array_slowly(self):
+        """The rest of the array, one careful step at a time (refilling mid-value, precise errors)."""
+        while True:
+            if self._skip_ws() == "":
+                raise self._malformed("it ends inside traceEvents")
+            yield self._value()
+            if self._expect(",]") == "]":
+                return
+
+    def _trailing(self):
+        if self._skip_ws() != "":
+            raise self._malformed("extra data after the document")
