@@ -4,10 +4,8 @@ rules in docs/analyze.md. JSON output imports no plotting library."""
 
 from __future__ import annotations
 
-import io
 import os
 import re
-import sys
 
 import click
 
@@ -100,47 +98,12 @@ def _html(doc, secs) -> str:
 
 
 def _terminal(doc, secs, console) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
+    from taxes.console import print_table
     from taxes.reports import render
 
-    render.render_terminal(_markup_safe(doc), console)
+    render.render_terminal(doc, console)  # rich Text cells: a name from the trace is shown, never read as markup
     for title, header, rows in secs:
-        t = Table(title=escape(title), title_style="bold")
-        for i, h in enumerate(header):
-            t.add_column(escape(h), justify="left" if i == 0 else "right", no_wrap=i == 0)
-        for row in rows:
-            t.add_row(*[escape(c) for c in row])
-        console.print(t)
-
-
-def _markup_safe(obj):
-    from rich.markup import escape
-
-    if isinstance(obj, dict):
-        return {k: _markup_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_markup_safe(v) for v in obj]
-    return escape(obj) if isinstance(obj, str) else obj
-
-
-def _write(path: str, data: str, force: bool) -> None:
-    """Atomically; an existing file only with --force; a failure is one line."""
-    from taxes.results import write_atomic, write_error
-
-    try:
-        write_atomic(path, data, overwrite=force)
-    except OSError as e:
-        raise write_error(path, e) from None
-    click.echo(f"wrote {path}", err=True)
-
-
-def _check_output(path: str, force: bool) -> None:
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise TaxesError(f"{path}: its directory does not exist")
-    if os.path.lexists(path) and not force:
-        raise TaxesError(f"{path}: already exists; pass --force to replace it (or choose another name)")
+        print_table(console, title, header, rows, left=2 if header[:2] == ["rank", "step"] else 1)
 
 
 _RANK = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -190,13 +153,15 @@ def analyze(traces, hardware_name, plain_file, comm_patterns, patterns_file, exe
     into compute and the taxes, per rank."""
     from taxes import analyze as A
     from taxes.classify import read_patterns_file
+    from taxes.io import STDOUT, check_output, write_output
     from taxes.results import dumps
 
-    if fmt == "html" and not output:
+    if fmt == "html" and (not output or output == STDOUT):
         raise TaxesError("--format html writes a file: give -o REPORT.html")
-    for path in (output, perfetto_out):
-        if path:
-            _check_output(path, force)
+    if perfetto_out == STDOUT:
+        raise TaxesError("--perfetto -: the Perfetto trace is a file; give it a name")
+    check_output(output, force)
+    check_output(perfetto_out, force, "--perfetto")
     patterns = list(comm_patterns) + (read_patterns_file(patterns_file) if patterns_file else [])
     plain = A.read_plain(plain_file) if plain_file else None
     an = A.analyze(list(traces), hardware_name, plain_steps=plain, comm_patterns=tuple(patterns),
@@ -207,8 +172,7 @@ def analyze(traces, hardware_name, plain_file, comm_patterns, patterns_file, exe
     if perfetto_out:
         from taxes import perfetto
 
-        perfetto.write(an, perfetto_out)
-        click.echo(f"wrote {perfetto_out}", err=True)
+        write_output(perfetto_out, perfetto.dumps(an), force)
     if fmt == "json":
         text = dumps(doc)
     else:
@@ -218,20 +182,14 @@ def analyze(traces, hardware_name, plain_file, comm_patterns, patterns_file, exe
         elif fmt == "html":
             text = _html(doc, secs)
         else:
-            from rich.console import Console
-
+            from taxes.console import render_text, say, stdout_console
             from taxes.reports import render
 
-            Console(stderr=True, highlight=False).print(render._meta_line(doc), markup=False)
-            if output:
-                buf = io.StringIO()
-                _terminal(doc, secs, Console(file=buf, width=200, color_system=None, highlight=False))
-                text = buf.getvalue()
+            say(render._meta_line(doc))
+            if output and output != STDOUT:
+                text = render_text(lambda c: _terminal(doc, secs, c))
             else:
-                _terminal(doc, secs, Console(highlight=False, width=None if sys.stdout.isatty() else 220))
-                click.echo("labels: m measured, d derived, p predicted; times in us per step", err=True)
+                _terminal(doc, secs, stdout_console())
+                say("labels: m measured, d derived, p predicted; times in us per step")
                 return
-    if output:
-        _write(output, text, force)
-    else:
-        click.echo(text, nl=False)
+    write_output(output, text, force)

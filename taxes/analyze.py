@@ -26,6 +26,7 @@ from taxes.classify import rules
 from taxes.collectives import check_one_job, instance_keys, instances, stragglers
 from taxes.errors import TaxesError
 from taxes.kineto import load_trace, to_timeline
+from taxes.trace_checks import check_events
 from taxes.locality import rank_pairs
 from taxes.steps import assign_steps, flag_steps, host_steps, iteration_windows, repeating_iterations, step_windows
 from taxes.timeline import covered, merge
@@ -73,6 +74,7 @@ def analyze_rank(path: str, patterns: tuple = (), et_path: str | None = None, si
     """Everything one rank's trace alone tells: its timeline with steps, windows and collective keys, its
     intermediates, and the host frames of its host-bound gaps."""
     ev = load_trace(path)
+    check_events(ev, path)  # refuse what would attribute to nothing or count an event twice
     info = ev.attrs["trace"]
     rank = info["rank"]
     if rank is None:

@@ -73,9 +73,8 @@ def pd_unique(values) -> list:
     return list(dict.fromkeys(int(v) for v in np.asarray(values)))
 
 
-def write(an, path) -> None:
-    from taxes.results import write_atomic
-
+def dumps(an) -> str:
+    """The Perfetto (Chrome JSON) trace as text: the kernels and the attribution's tracks."""
     doc = {"traceEvents": events(an), "displayTimeUnit": "ms",
            "otherData": {"source": "taxes analyze", "hardware_profile": an.hardware or "none"}}
-    write_atomic(path, json.dumps(doc, allow_nan=False), overwrite=True)
+    return json.dumps(doc, allow_nan=False)

@@ -1,6 +1,6 @@
 """`taxes trace -- PROGRAM`: the program runs unchanged, its steps are found from outside (optimizer.step(),
 taxes.step(), an NVTX range), some are timed without the profiler, the next ones profiled with step marks.
-On the CPU the traces hold no GPU kernels, so the analysis is refused in one line; the recording is what
+On the CPU the traces hold no GPU activity, so the analysis is refused in one line; the recording is what
 these tests check (tests/test_analyze*.py check the analysis)."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_steps_are_found_timed_plain_then_profiled_with_marks(tmp_path):
     assert marks == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
     assert (out / "et_rank0.json.gz").exists()  # the execution trace: tensors by storage id
     # no GPU: the analysis is refused in one line, after the recording
-    assert r.returncode == 2 and "no GPU kernels" in r.stderr and r.stderr.strip().splitlines()[-1].startswith("taxes: error")
+    assert r.returncode == 2 and "no GPU activity" in r.stderr and r.stderr.strip().splitlines()[-1].startswith("taxes: error")
 
 
 def test_a_program_that_ends_before_the_profiled_steps_is_one_line(tmp_path):
