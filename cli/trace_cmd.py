@@ -21,7 +21,7 @@ from taxes.errors import TaxesError
 @click.option("--step", "signal", default="auto", show_default=True,
               help="What ends a step: auto (optimizer.step() or taxes.step()), nvtx:RANGE_NAME.")
 @click.option("--hardware", "hardware_name", default=None,
-              help="Hardware profile for the floors and locality (default: the one the trace's GPU names).")
+              help="Hardware profile for the floors and locality (default: the one the trace's GPU name selects).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "md", "html"]), default="table", show_default=True)
 @click.option("--timeout-s", type=float, default=None, help="Stop the program after this long.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -32,26 +32,20 @@ def trace(ctx, out_dir, steps, plain_steps, skip, signal, hardware_name, fmt, ti
     the three taxes of any PyTorch program, and what measuring cost."""
     from taxes import trace as T
     from taxes.cli.analyze_cmd import analyze
+    from taxes.io import write_output
 
     cmd = T.python_module_command(list(command))
     res = T.run(cmd, out_dir, steps=steps, plain=plain_steps, skip=skip, signal=signal, timeout_s=timeout_s)
     plain_path = os.path.join(out_dir, "plain.json")
-    with open(plain_path, "w") as f:
-        json.dump({str(r): v for r, v in res["plain"].items()}, f)
+    write_output(plain_path, json.dumps({str(r): v for r, v in res["plain"].items()}), force=True, announce=False)
     click.echo(f"taxes: traced {len(res['traces'])} rank(s) into {out_dir}; the program exited with "
                f"{res['returncode']}", err=True)
-    kwargs = {"traces": tuple(res["traces"]), "fmt": fmt, "force": True,
-              "output": os.path.join(out_dir, f"report.{ {'table': 'txt'}.get(fmt, fmt) }") if fmt != "table" else None}
-    names = {p.name for p in analyze.params}
-    if "hardware_name" in names:
-        kwargs["hardware_name"] = hardware_name or ("h200-sxm" if analyze.params and "auto" not in names else None)
-    if "plain" in names:
-        kwargs["plain"] = plain_path
-    kwargs = {k: v for k, v in kwargs.items() if k in names}
+    report = os.path.join(out_dir, f"report.{ {'table': 'txt'}.get(fmt, fmt) }") if fmt != "table" else None
     if res["returncode"] not in (0, None):
         click.echo(f"taxes: warning: the program exited with {res['returncode']}; the traces are analysed anyway",
                    err=True)
     try:
-        ctx.invoke(analyze, **kwargs)
+        ctx.invoke(analyze, traces=tuple(res["traces"]), hardware_name=hardware_name, plain_file=plain_path, fmt=fmt,
+                   output=report, force=True)
     except TaxesError as e:
         raise TaxesError(f"trace: analyze: {e}") from None

@@ -53,7 +53,7 @@ def run(command: list[str], out_dir: str, steps: int = 5, plain: int = 5, skip: 
         raise TaxesError(f"trace: --step {signal!r}: use optimizer, taxes or nvtx:RANGE_NAME")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for old in list(out.glob("rank*.json.gz")) + list(out.glob("plain_rank*.json")):
+    for old in list(out.glob("rank*.json.gz")) + list(out.glob("plain_rank*.json")):  # traces and their .et.json.gz
         old.unlink()  # a trace of an earlier run must not pass for this one's
     with tempfile.TemporaryDirectory(prefix="taxes-trace-") as hook_dir:
         Path(hook_dir, "sitecustomize.py").write_text(SITECUSTOMIZE)
@@ -72,7 +72,7 @@ def run(command: list[str], out_dir: str, steps: int = 5, plain: int = 5, skip: 
         d = json.loads(f.read_text())
         plain_by_rank[int(d["rank"])] = [float(x) for x in d["plain_step_us"]]
         seen[int(d["rank"])] = int(d["steps_seen"])
-    traces = sorted(str(p) for p in out.glob("rank*.json.gz"))
+    traces = sorted(str(p) for p in out.glob("rank*.json.gz") if not p.name.endswith(".et.json.gz"))
     if not traces:
         n = max(seen.values(), default=0)
         why = ("the step hook never loaded (is taxes installed in the program's Python?)" if not seen else

@@ -71,7 +71,7 @@ def step() -> None:
 def _start_profiler() -> None:
     """torch.profiler with CPU and CUDA activities, shapes and memory events, and, where this PyTorch has
     it, the execution trace (every op's input and output tensors by storage id: what analyze follows to
-    find producer -> consumer pairs) in et_rank<R>.json."""
+    find producer -> consumer pairs) in rank<R>.et.json, beside the trace where `taxes analyze` looks."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -84,7 +84,7 @@ def _start_profiler() -> None:
 
         cfg = _STATE["cfg"]
         kwargs["execution_trace_observer"] = ExecutionTraceObserver().register_callback(
-            os.path.join(cfg["dir"], f"et_rank{cfg['rank']}.json"))
+            os.path.join(cfg["dir"], f"rank{cfg['rank']}.et.json"))
     except Exception:  # an older PyTorch: shapes only
         pass
     from torch.profiler import schedule
@@ -97,6 +97,11 @@ def _start_profiler() -> None:
                    schedule=schedule(wait=0, warmup=0, active=cfg["steps"], repeat=1),
                    on_trace_ready=lambda p: p.export_chrome_trace(path), **kwargs)
     prof.__enter__()
+    # versions in the trace itself: the analysis names what recorded it
+    prof.add_metadata("torch_version", str(torch.__version__))
+    triton = sys.modules.get("triton")
+    if triton is not None:
+        prof.add_metadata("triton_version", str(getattr(triton, "__version__", "")))
     _STATE["prof"] = prof
 
 
@@ -128,7 +133,7 @@ def finish() -> None:
         import gzip
         import shutil
 
-        for path in (tmp, os.path.join(cfg["dir"], f"et_rank{rank}.json")):
+        for path in (tmp, os.path.join(cfg["dir"], f"rank{rank}.et.json")):
             if os.path.exists(path):
                 with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
                     shutil.copyfileobj(src, dst)
