@@ -9,6 +9,7 @@ import os
 import click
 
 from taxes.errors import TaxesError
+from taxes.trace import RECORDS
 
 
 @click.command("trace", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -22,11 +23,14 @@ from taxes.errors import TaxesError
               help="What ends a step: auto (optimizer.step() or taxes.step()), nvtx:RANGE_NAME.")
 @click.option("--hardware", "hardware_name", default=None,
               help="Hardware profile for the floors and locality (default: the one the trace's GPU name selects).")
+@click.option("--record", type=click.Choice(RECORDS), default="full", show_default=True,
+              help="full: CPU ops, shapes, memory and tensors (locality), at a host cost per op; timing: CUDA "
+                   "activity only, for programs whose host is the bottleneck (no op names, no locality).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "md", "html"]), default="table", show_default=True)
 @click.option("--timeout-s", type=float, default=None, help="Stop the program after this long.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def trace(ctx, out_dir, steps, plain_steps, skip, signal, hardware_name, fmt, timeout_s, command):
+def trace(ctx, out_dir, steps, plain_steps, skip, signal, hardware_name, record, fmt, timeout_s, command):
     """Run COMMAND (a Python program, or torchrun ... for one trace per rank) with torch.profiler switched on
     from outside over a schedule of steps, time the same kind of steps without it, and analyze the traces:
     the three taxes of any PyTorch program, and what measuring cost."""
@@ -35,7 +39,8 @@ def trace(ctx, out_dir, steps, plain_steps, skip, signal, hardware_name, fmt, ti
     from taxes.io import write_output
 
     cmd = T.python_module_command(list(command))
-    res = T.run(cmd, out_dir, steps=steps, plain=plain_steps, skip=skip, signal=signal, timeout_s=timeout_s)
+    res = T.run(cmd, out_dir, steps=steps, plain=plain_steps, skip=skip, signal=signal, timeout_s=timeout_s,
+                record=record)
     plain_path = os.path.join(out_dir, "plain.json")
     write_output(plain_path, json.dumps({str(r): v for r, v in res["plain"].items()}), force=True, announce=False)
     click.echo(f"taxes: traced {len(res['traces'])} rank(s) into {out_dir}; the program exited with "

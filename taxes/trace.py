@@ -19,6 +19,8 @@ from pathlib import Path
 
 from taxes.errors import TaxesError
 
+RECORDS = ("full", "timing")  # what the profiled steps record (taxes.trace_hook says what each costs)
+
 SITECUSTOMIZE = """# written by taxes trace: load its step hook, then whatever sitecustomize this one hides
 import importlib.util as _u, os as _os, sys as _sys
 try:
@@ -40,13 +42,15 @@ if _spec is not None:
 
 
 def run(command: list[str], out_dir: str, steps: int = 5, plain: int = 5, skip: int = 3, signal: str = "auto",
-        timeout_s: float | None = None) -> dict:
+        timeout_s: float | None = None, record: str = "full") -> dict:
     """Run `command` with the hook; returns {"returncode", "traces": [paths], "plain": {rank: [us]},
     "steps_seen": {rank: n}}. Raises TaxesError (one line) when nothing usable was recorded."""
     if not command:
         raise TaxesError("trace: give the program to run after --, e.g. taxes trace -- python train.py")
     if shutil.which(command[0]) is None and not os.path.exists(command[0]):
         raise TaxesError(f"trace: {command[0]!r}: no such program")
+    if record not in RECORDS:
+        raise TaxesError(f"trace: --record {record!r}: use {' or '.join(RECORDS)}")
     if steps < 1 or plain < 0 or skip < 0:
         raise TaxesError("trace: --steps must be at least 1, --plain and --skip at least 0")
     if signal != "auto" and signal != "optimizer" and signal != "taxes" and not signal.startswith("nvtx:"):
@@ -60,7 +64,7 @@ def run(command: list[str], out_dir: str, steps: int = 5, plain: int = 5, skip: 
         env = dict(os.environ)
         env["PYTHONPATH"] = hook_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.update(TAXES_TRACE_DIR=str(out.resolve()), TAXES_TRACE_STEPS=str(steps), TAXES_TRACE_PLAIN=str(plain),
-                   TAXES_TRACE_SKIP=str(skip), TAXES_TRACE_STEP=signal)
+                   TAXES_TRACE_SKIP=str(skip), TAXES_TRACE_STEP=signal, TAXES_TRACE_RECORD=record)
         try:
             proc = subprocess.run(command, env=env, timeout=timeout_s)
         except subprocess.TimeoutExpired:

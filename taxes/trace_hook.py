@@ -4,10 +4,18 @@ Loaded at the program's start (a sitecustomize.py that `taxes trace` puts first 
 TAXES_TRACE_DIR is set. A step ends at every `optimizer.step()` (any torch optimizer), every `taxes.step()`
 call, or, with TAXES_TRACE_STEP=nvtx:NAME, at the end of every NVTX range NAME. The schedule, in steps:
 TAXES_TRACE_SKIP warm-up steps, then TAXES_TRACE_PLAIN steps timed without the profiler (a CUDA event at each
-step end: the device time between two step ends), then TAXES_TRACE_STEPS steps under torch.profiler (CPU
-and CUDA activities, shapes and memory recorded, so analyze can follow tensors), whose trace is written to
-TAXES_TRACE_DIR/rank<R>.json.gz with the plain step times in plain_rank<R>.json. The program itself runs on
-unchanged to its end; a program that ends early still writes what it has.
+step end: the device time between two step ends), then TAXES_TRACE_STEPS steps under torch.profiler, whose
+trace is written to TAXES_TRACE_DIR/rank<R>.json.gz with the plain step times in plain_rank<R>.json. The
+program itself runs on unchanged to its end; a program that ends early still writes what it has.
+
+What the profiler records (TAXES_TRACE_RECORD):
+- full: CPU and CUDA activities, shapes, memory and the execution trace, so analyze can name the ops and
+  follow tensors (locality). Recording every op costs host time: a program whose host is the bottleneck
+  (eager decoding, small batches) runs slower under it, and the measurement cost row says by how much.
+- timing: CUDA activities only (kernels, copies and the runtime calls that launched them), the cheapest
+  record CUPTI gives; torch.profiler marks no steps without CPU activity, so each step boundary launches a
+  marker (torch.cuda._sleep(1), one near-empty kernel) whose launch time becomes a ProfilerStep#N range in
+  the written trace, and the markers are then removed from it. No op names, shapes or tensors: no locality.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ def install() -> None:
     env = os.environ
     _STATE["cfg"] = {"dir": env["TAXES_TRACE_DIR"], "skip": int(env.get("TAXES_TRACE_SKIP", "3")),
                      "plain": int(env.get("TAXES_TRACE_PLAIN", "5")), "steps": int(env.get("TAXES_TRACE_STEPS", "5")),
-                     "signal": env.get("TAXES_TRACE_STEP", "auto"),
+                     "signal": env.get("TAXES_TRACE_STEP", "auto"), "record": env.get("TAXES_TRACE_RECORD", "full"),
                      "rank": int(env.get("RANK", env.get("LOCAL_RANK", "0")))}
     _STATE.update(count=0, events=[], prof=None, done=False)
     atexit.register(finish)
@@ -63,6 +71,7 @@ def step() -> None:
     if n == skip + plain:  # the plain steps are done: profile the next ones
         _start_profiler()
     elif _STATE["prof"] is not None:
+        _step_marker()  # before prof.step(): the last boundary must still fall inside the recorded cycle
         _STATE["prof"].step()
         if n >= skip + plain + steps:
             finish()
@@ -75,26 +84,26 @@ def _start_profiler() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    acts = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
+    cfg = _STATE["cfg"]
+    timing = cfg["record"] == "timing" and torch.cuda.is_available()
+    acts = [ProfilerActivity.CUDA] if timing else [ProfilerActivity.CPU]
+    if torch.cuda.is_available() and not timing:
         acts.append(ProfilerActivity.CUDA)
-    kwargs = {}
+    kwargs = {} if timing else {"record_shapes": True, "profile_memory": True}
     try:
         from torch.profiler import ExecutionTraceObserver
 
-        cfg = _STATE["cfg"]
-        kwargs["execution_trace_observer"] = ExecutionTraceObserver().register_callback(
-            os.path.join(cfg["dir"], f"rank{cfg['rank']}.et.json"))
+        if not timing:
+            kwargs["execution_trace_observer"] = ExecutionTraceObserver().register_callback(
+                os.path.join(cfg["dir"], f"rank{cfg['rank']}.et.json"))
     except Exception:  # an older PyTorch: shapes only
         pass
     from torch.profiler import schedule
 
-    cfg = _STATE["cfg"]
     os.makedirs(cfg["dir"], exist_ok=True)
     path = os.path.join(cfg["dir"], f"rank{cfg['rank']}.json")
     # a schedule is what makes torch.profiler mark its steps (ProfilerStep#N): one cycle of `steps` steps
-    prof = profile(activities=acts, record_shapes=True, profile_memory=True,
-                   schedule=schedule(wait=0, warmup=0, active=cfg["steps"], repeat=1),
+    prof = profile(activities=acts, schedule=schedule(wait=0, warmup=0, active=cfg["steps"], repeat=1),
                    on_trace_ready=lambda p: p.export_chrome_trace(path), **kwargs)
     prof.__enter__()
     # versions in the trace itself: the analysis names what recorded it
@@ -102,7 +111,44 @@ def _start_profiler() -> None:
     triton = sys.modules.get("triton")
     if triton is not None:
         prof.add_metadata("triton_version", str(getattr(triton, "__version__", "")))
+    prof.add_metadata("taxes_trace_record", "timing" if timing else "full")
     _STATE["prof"] = prof
+    _STATE["markers"] = 0
+    _step_marker()
+
+
+MARKER = "spin_kernel"  # the kernel torch.cuda._sleep launches
+
+
+def _step_marker() -> None:
+    """In timing mode, a step boundary the trace can show: one near-empty kernel launched now."""
+    if _STATE["cfg"]["record"] != "timing":
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda._sleep(1)
+        _STATE["markers"] = _STATE.get("markers", 0) + 1
+
+
+def mark_steps(doc: dict, expected: int) -> str | None:
+    """Turn the boundary markers of a timing-mode trace into ProfilerStep#N ranges on the host (from each
+    marker's launch call to the next one's) and remove the markers and their launch calls. Returns why not,
+    when the markers found are not the ones launched (the trace is then left as it is)."""
+    events = doc.get("traceEvents") or []
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel" and MARKER in str(e.get("name"))]
+    corr = {(e.get("args") or {}).get("correlation") for e in kernels}
+    calls = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
+                    and (e.get("args") or {}).get("correlation") in corr), key=lambda e: e["ts"])
+    if len(kernels) != expected or len(calls) != expected or None in corr:
+        return f"{len(kernels)} step markers in the trace, {expected} launched"
+    drop = {id(e) for e in kernels + calls}
+    kept = [e for e in events if id(e) not in drop and not (e.get("ph") in ("s", "f") and e.get("id") in corr)]
+    for i, (a, b) in enumerate(zip(calls, calls[1:])):
+        kept.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": a["pid"], "tid": a["tid"],
+                     "ts": a["ts"], "dur": b["ts"] - a["ts"], "args": {"source": "taxes trace step marker"}})
+    doc["traceEvents"] = kept
+    return None
 
 
 def finish() -> None:
@@ -130,6 +176,15 @@ def finish() -> None:
         prof.__exit__(None, None, None)  # saves the cycle if it was not complete
         if not os.path.exists(tmp):
             prof.export_chrome_trace(tmp)
+        if cfg["record"] == "timing" and _STATE.get("markers"):
+            with open(tmp) as f:
+                doc = json.load(f)
+            why = mark_steps(doc, _STATE["markers"])
+            if why:
+                print(f"[taxes trace] rank {rank}: steps not marked ({why})", file=sys.stderr, flush=True)
+            else:
+                with open(tmp, "w") as f:
+                    json.dump(doc, f)
         import gzip
         import shutil
 

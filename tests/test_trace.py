@@ -100,3 +100,57 @@ def test_trace_hands_its_plain_step_times_and_hardware_to_the_analysis(tmp_path,
     iqm = sum(slowest[1:3]) / 2
     assert v["plain_e2e_us"] == pytest.approx(iqm)
     assert v["measurement_cost_us"] == pytest.approx(v["attributed_e2e_us"] - iqm)
+
+
+def _timing_trace(spins_us, kernel_us=50.0, launches=4):
+    """A timing-mode trace (CUDA activity only, no CPU ops). Each step starts with a boundary marker
+    (torch.cuda._sleep's spin_kernel, launched at the boundary), then the host is elsewhere for spins_us[i],
+    then it launches `launches` kernels back to back (1 us calls; the first starts 4 us after its call, the
+    rest queue behind it); the next boundary comes when the last kernel ends."""
+    from kineto_build import add_launch, new_trace
+
+    tr = new_trace(rank=0, world=1, distributed=False)
+    t, boundaries = 0.0, []
+    for spin in list(spins_us) + [None]:
+        boundaries.append(t)
+        add_launch(tr, t, [("at::cuda::(anonymous namespace)::spin_kernel(long)", 7, t + 4, t + 5)])
+        if spin is None:
+            break
+        t += 5.0 + spin
+        first = t + 4.0
+        for i in range(launches):
+            add_launch(tr, t + i, [("gemm_kernel", 7, first + i * kernel_us, first + (i + 1) * kernel_us)], dur=1.0)
+        t = first + launches * kernel_us
+    return tr, boundaries
+
+
+def test_timing_mode_markers_become_step_ranges_and_the_planted_host_time_is_host_bound(tmp_path):
+    """The hook's marker handling on a built trace: the markers become ProfilerStep#N ranges from one marker's
+    launch to the next and leave the trace; analyze then finds those steps, and the host time planted before
+    each step's first launch comes back as host-bound."""
+    from kineto_build import write_trace
+
+    from taxes import analyze as A
+    from taxes.trace_hook import mark_steps
+
+    spins = [300.0, 120.0, 500.0, 80.0, 200.0]
+    tr, bounds = _timing_trace(spins)
+    assert mark_steps(tr["doc"], len(spins) + 2) is not None  # not the markers launched: left alone
+    assert mark_steps(tr["doc"], len(spins) + 1) is None
+    events = tr["doc"]["traceEvents"]
+    assert not [e for e in events if "spin_kernel" in str(e.get("name"))]
+    steps = sorted((e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    t0 = min(e["ts"] for e in steps)
+    assert [round(e["ts"] - t0, 6) for e in steps] == [round(b - bounds[0], 6) for b in bounds[:-1]]
+    assert [round(e["dur"], 6) for e in steps] == [round(b - a, 6) for a, b in zip(bounds, bounds[1:])]
+    path = write_trace(tr, tmp_path / "rank0.json.gz")
+    an = A.analyze([str(path)], "h100-sxm")
+    d = an.decomposition.set_index("step").sort_index()
+    assert len(d) == len(spins)
+    # each step's host-bound time: the host's time elsewhere from the step's start to its first launch (the
+    # planted spin plus the marker's 5 us, which the trace no longer shows); its launch tax: the first
+    # kernel's 4 us launch latency (the others were queued behind it)
+    for (step, row), spin in zip(d.iterrows(), spins):
+        assert row["host_bound"] == pytest.approx(spin + 5.0, rel=0.02), step
+        assert row["launch"] == pytest.approx(4.0, abs=0.2), step
+        assert row["compute"] == pytest.approx(4 * 50.0, rel=0.01)
