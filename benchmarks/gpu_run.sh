@@ -6,12 +6,14 @@
 #                                             # host launch cost with CUPTI's API records
 #   bash benchmarks/gpu_run.sh traces OUT     # one GPU: programs nobody here wrote, run by `taxes trace`
 #                                             # (traces + plain step times, tarred into OUT/traces.tar.gz)
+#   bash benchmarks/gpu_run.sh cost OUT       # one GPU: flash decode's measurement cost, many short rounds
+#   bash benchmarks/gpu_run.sh "traces cost" OUT   # several stages in one call
 #
 # Installs the carried wheels (.wheels: cupti-python, pyelftools) to /tmp/site when they are there, and the
 # project offline. Every command has its own time limit and writes its result as soon as it ends; a short
 # table comes last.
 set -u
-stage=${1:?stage: timeline or traces}
+stages=" ${1:?stage: timeline, traces or cost (several: quoted, space-separated)} "
 OUT=${2:-${OUT:-gpu-out}}
 mkdir -p "$OUT"
 if ls .wheels/*.whl >/dev/null 2>&1; then
@@ -25,7 +27,7 @@ export PYTHONUNBUFFERED=1
 GPU=$(python3 -c "import torch; n=torch.cuda.get_device_name(0).upper(); print(next((k.lower() for k in ('H100','H200','A100','B200') if k in n), 'gpu'))")
 HW="$OUT/$GPU-x1-calibrated.json"
 
-if [ "$stage" = timeline ]; then
+if [[ "$stages" == *" timeline "* ]]; then
     HW=reports/calibration/$GPU-x1-calibrated.json
     [ -f "$HW" ] || { timeout 120 taxes calibrate --gpus 1 --quick -o "$OUT/$GPU-x1-calibrated.json" 2>&1 | tail -2; HW="$OUT/$GPU-x1-calibrated.json"; }
     timeout 150 taxes validate --planted --gpus 1 --iters 30 --clock cupti -o "$OUT/known_answer-$GPU-x1.json" \
@@ -43,19 +45,31 @@ if [ "$stage" = timeline ]; then
     for f in "$OUT"/flash_decode*.json "$OUT"/ag_gemm*.json; do taxes check "$f" 2>&1 | head -8; done
 fi
 
-if [ "$stage" = traces ]; then
+if [[ "$stages" == *" traces "* ]]; then
+    # the known answers of benchmarks/analyze_known_answers.py: host-bound programs recorded with --record timing
+    # (CUDA activity only), the chain with --record full (it needs tensors for locality); 20 plain and 20
+    # profiled steps each
     T="$OUT/traces"; mkdir -p "$T"
-    run() {  # NAME SECONDS ARGS...
-        local name=$1 secs=$2; shift 2
-        timeout "$secs" taxes trace --out "$T/$name" --steps 5 --plain 10 --skip 5 --format json -- "$@" \
-            > "$T/$name.log" 2>&1; echo "$name: exit $? $(grep -E '^llama|^chain|traced|error' "$T/$name.log" | tr '\n' ' ')"
+    run() {  # NAME SECONDS RECORD ARGS...
+        local name=$1 secs=$2 record=$3; shift 3
+        timeout "$secs" taxes trace --out "$T/$name" --record "$record" --steps 20 --plain 20 --skip 5 --format json \
+            --hardware "$HW" -- "$@" > "$T/$name.log" 2>&1
+        echo "$name: exit $? $(grep -E '^llama|^chain|traced|error' "$T/$name.log" | tr '\n' ' ')"
     }
-    run llama-forward 60 python3 benchmarks/programs/llama.py --mode forward --steps 30
-    run llama-graph 60 python3 benchmarks/programs/llama.py --mode graph --steps 30
-    run llama-spin 60 python3 benchmarks/programs/llama.py --mode forward --steps 30 --spin-us 50
-    run llama-train 60 python3 benchmarks/programs/llama.py --mode train --steps 30
-    run chain-eager 40 python3 benchmarks/programs/chain.py --mode eager --steps 30
-    run chain-compiled 90 python3 benchmarks/programs/chain.py --mode compiled --steps 30
+    HW=reports/calibration/$GPU-x1-calibrated.json
+    run llama-forward 90 timing python3 benchmarks/programs/llama.py --mode forward --steps 50
+    run llama-graph 90 timing python3 benchmarks/programs/llama.py --mode graph --steps 50
+    run llama-spin 90 timing python3 benchmarks/programs/llama.py --mode forward --steps 50 --spin-us 200
+    run chain-eager 60 full python3 benchmarks/programs/chain.py --mode eager --steps 50
+    run chain-compiled 120 full python3 benchmarks/programs/chain.py --mode compiled --steps 50
     tar -czf "$OUT/traces.tar.gz" -C "$OUT" traces && rm -rf "$T"
     ls -la "$OUT"
+fi
+
+if [[ "$stages" == *" cost "* ]]; then
+    # measuring's cost at flash decode B=1, S=128K with many short interleaved rounds
+    HW=reports/calibration/$GPU-x1-calibrated.json
+    timeout 110 taxes profile flash-decode --gpus 1 --shape B=1,S=131072 --iters 160 --rounds 16 --clock cupti \
+        --hardware "$HW" -o "$OUT/flash_decode-$GPU-x1-B1-S131072.json" --force --timeout-s 105 --format md 2>&1 \
+        | grep -E "^\| (E2E|rows add|measurement|speed|correct)|rror|wrote"
 fi
