@@ -9,7 +9,8 @@
 #   bash benchmarks/gpu_run.sh cost OUT       # one GPU: flash decode's measurement cost, many short rounds
 #   bash benchmarks/gpu_run.sh "traces cost" OUT   # several stages in one call
 #
-# Installs the carried wheels (.wheels: cupti-python, pyelftools) to /tmp/site when they are there, and the
+# Installs the carried wheels (.wheels: cupti-python, pyelftools, and jsonschema with its dependencies, which the
+# GPU machine lacks) to /tmp/site when they are there, and the
 # project offline. Every command has its own time limit and writes its result as soon as it ends; a short
 # table comes last.
 set -u

@@ -79,6 +79,7 @@ class TaxesGroup(click.Group):
                 if not args:
                     click.echo(self.get_help(click.Context(self, info_name="taxes")))
                 else:
+                    _require_dependencies(args)
                     rv = super().main(args=args, prog_name=prog_name or "taxes", standalone_mode=False, **extra)
                     code = rv if isinstance(rv, int) else 0
                 sys.stdout.flush()  # here, inside the error path: a full disk met at exit would be a traceback
@@ -107,6 +108,22 @@ class TaxesGroup(click.Group):
                 raise
             _die(f"internal error: {type(e).__name__}: {e} (set TAXES_DEBUG=1 for the traceback)", 2)
         _quiet_exit(code)
+
+
+DEPENDENCIES = ("jsonschema", "scipy", "jinja2", "rich", "pandas", "numpy", "matplotlib")  # pyproject's, besides torch/triton
+
+
+def _require_dependencies(args: list[str]) -> None:
+    """Before any work: a missing dependency (an install with --no-deps) is one line now, not an internal
+    error after a run's measurements."""
+    import importlib.util
+
+    if any(a in ("-h", "--help", "--version") for a in args):
+        return
+    missing = [m for m in DEPENDENCIES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise TaxesError(f"missing dependencies: {', '.join(missing)}; install them (pip install {' '.join(missing)}), "
+                         "or install taxes with its dependencies (pip install -e .)")
 
 
 def _os_error_line(e: BaseException) -> str:

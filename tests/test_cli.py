@@ -12,7 +12,7 @@ import sys
 
 import pandas as pd
 import pytest
-from _util import PNG_SIGNATURE, assert_self_contained_html, assert_valid_png, run_cli
+from _util import PNG_SIGNATURE, assert_one_line, assert_self_contained_html, assert_valid_png, run_cli
 
 import taxes
 from committed import committed
@@ -404,3 +404,17 @@ def test_report_takes_several_documents(capsys, tmp_path, model_doc):
     assert code == 0 and (tmp_path / "r.html").read_text().count('<section class="document">') == 2
     code, out, err = run_cli(["report", str(a), str(b), "--format", "json"], capsys)
     assert code == 2 and "give one file" in err
+
+
+def test_a_missing_dependency_is_one_line_before_any_work(capsys, monkeypatch):
+    """An install with --no-deps lacks jsonschema: every command says so at once (exit 2), not after a run."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jsonschema" else real(name, *a))
+    code, out, err = run_cli(["model", "ag-gemm"], capsys)
+    assert code == 2 and out == ""
+    assert_one_line(err.rstrip("\n"))
+    assert "missing dependencies: jsonschema" in err and "pip install jsonschema" in err
+    code, out, err = run_cli(["model", "--help"], capsys)  # help needs none of them
+    assert code == 0 and "Usage" in out
