@@ -9,11 +9,12 @@ output of every method is checked against a float32 reference (ours on a NaN-poi
 the timed replays, which move the arrival counters), then timed from CUDA graphs: one graph holds calls
 over KV sets rotated beyond L2 (at least 3 x L2 bytes in all), each replay is timed with events, and the
 median over replays of the time per call is reported. Ours is one replay of the whole per-GPU decode
-(taxes.kernels.flash_decode.LocalDecode with the tuned table's config). Peers: every SDPA backend that
+(taxes.kernels.decode_local.LocalDecode with the tuned table's config). Peers: every SDPA backend that
 accepts the shape (cuDNN, flash, efficient; math excluded) with enable_gqa=True, the same backends with the
 group as the query length ("-grouped": q viewed as (B, Hkv, G, D)), and the private ops that also return
 the log-sum-exp ("-lse", what bsp-sdpa runs); FlexAttention (compiled) at B=1, S=32K is a row, not a peer.
-The read floor is (K, V, q and out bytes) / the read bandwidth this run measures on a 1 GiB buffer.
+The read floor is (K, V, q and out bytes) / the read bandwidth this run measures on a 1 GiB buffer
+(the graph timing and the read: benchmarks/graph_timing.py).
 
 --tune sweeps block_n, num_warps, num_stages, TMA or pointer loads, evict-first and programs per SM for
 every shape, re-times the best few, and writes the best of each as a table in the format of
@@ -29,17 +30,27 @@ import datetime
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
+from taxes.cases import rel_error
 from taxes.kernels import flash_decode as fd
+from taxes.kernels.decode_local import (
+    TUNED_FILE,
+    Config,
+    LocalDecode,
+    attention_partial_f32,
+    load_tuned,
+    resolve,
+    split_count,
+)
+from taxes.kernels.runtime import sm_count_of
+
+from graph_timing import read_all, read_bandwidth, time_graph, time_host
 
 HQ, HKV = 64, 8
 SHAPES = [(B, S, D) for D in (128, 64) for B in (1, 4, 16) for S in (8192, 32768, 131072)]
@@ -52,92 +63,6 @@ SMEM_LIMIT = 200 << 10  # K and V stages beyond this cannot be resident (228 KB 
 
 def log(*a):
     print(*a, flush=True)
-
-
-# ---- timing ---------------------------------------------------------------------------------------
-
-
-def time_graph(fn, n_sets: int, replays: int, warm: int = 2, min_graph_us: float = 2000.0) -> dict:
-    """fn(i) runs one call on input set i. One CUDA graph holds calls over every set in turn, repeated
-    until the graph lasts about min_graph_us; each replay is timed with events; returns the median (and
-    spread) of the time per call."""
-    for i in range(n_sets):
-        fn(i)
-    torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0.record()
-    for i in range(n_sets):
-        fn(i)
-    t1.record()
-    t1.synchronize()
-    est_us = max(t0.elapsed_time(t1) * 1e3 / n_sets, 1.0)
-    reps = max(1, math.ceil(min_graph_us / (est_us * n_sets)))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            for i in range(n_sets):
-                fn(i)
-    for _ in range(warm):
-        g.replay()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
-    for a, b in events:
-        a.record()
-        g.replay()
-        b.record()
-    torch.cuda.synchronize()
-    calls = reps * n_sets
-    per_call = sorted(a.elapsed_time(b) * 1e3 / calls for a, b in events)
-    del g
-    return {"us": statistics.median(per_call), "min_us": per_call[0], "max_us": per_call[-1], "replays": replays,
-            "calls_per_replay": calls}
-
-
-def time_host(fn, n_sets: int, replays: int, **_) -> dict:
-    """Off a GPU (smoke runs): wall time, which means nothing but exercises the path."""
-    t = []
-    for r in range(replays):
-        s = time.perf_counter()
-        fn(r % n_sets)
-        t.append((time.perf_counter() - s) * 1e6)
-    return {"us": statistics.median(t), "min_us": min(t), "max_us": max(t), "replays": replays, "calls_per_replay": 1}
-
-
-@triton.jit
-def read_kernel(x_ptr, out_ptr, n, n_iters, BLOCK: tl.constexpr):
-    """Each program sums every num_programs-th block of x: a plain streaming read."""
-    pid = tl.program_id(0)
-    acc = tl.zeros((BLOCK,), tl.float32)
-    for i in range(n_iters):
-        offs = (i * tl.num_programs(0) + pid).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
-    tl.store(out_ptr + pid, tl.sum(acc, 0))
-
-
-def read_all(x, part, per_sm=8, block=4096):
-    """One read_kernel launch over every element of x (partial sums in part, sms * per_sm of them)."""
-    grid = part.numel() // 8 * per_sm
-    read_kernel[(grid,)](x, part, x.numel(), triton.cdiv(x.numel(), grid * block), BLOCK=block, num_warps=8)
-
-
-def read_bandwidth(dev) -> dict:
-    """Bytes per second a full read of a 1 GiB buffer reaches: torch's sum, and a streaming Triton read
-    (read_kernel); the larger is the floor's bandwidth."""
-    n = (1 << 30) // 4
-    x = torch.ones(n, dtype=torch.float32, device=dev)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    res = {}
-    part = torch.empty(sms * 8, dtype=torch.float32, device=dev)
-    ways = {"torch.sum": lambda i: x.sum()}
-    for per_sm in (4, 8):
-        ways[f"triton read, {per_sm} programs per SM"] = lambda i, p=per_sm: read_all(x, part, p)
-    for name, fn in ways.items():
-        r = time_graph(fn, 1, 10, warm=2, min_graph_us=3000)
-        res[name] = {"us": r["us"], "gb_per_s": n * 4 / (r["us"] * 1e-6) / 1e9}
-    ok = abs(part.sum().item() - n) < 1  # the last Triton read (8 per SM) summed every element (x is ones)
-    del x
-    torch.cuda.empty_cache()
-    best = max(res.values(), key=lambda r: r["gb_per_s"])["gb_per_s"]
-    return {"bytes": n * 4, "ways": res, "read_gb_per_s": best, "triton_read_checked": ok}
 
 
 # ---- methods --------------------------------------------------------------------------------------
@@ -157,13 +82,6 @@ def make_sets(B, S, D, dev, l2_bytes, smoke):
             half.copy_(torch.randn(B, Hkv, S, D, generator=g, device=dev))
         sets.append((q, kv_buf[0], kv_buf[1], torch.empty(B, Hq, D, dtype=torch.bfloat16, device=dev), kv_buf))
     return sets, kv
-
-
-def rel_error(out, ref) -> float:
-    out = out.float().reshape(ref.shape)
-    if not torch.isfinite(out).all():
-        return math.inf
-    return ((out - ref).norm() / ref.norm()).item()
 
 
 def sdpa_peers(sets) -> dict:
@@ -256,7 +174,7 @@ def variants_job(ctx, B, Hq, Hkv, D, S):
     out = torch.empty(B, Hq, D, dtype=torch.bfloat16, device=ctx.device)
     res = {}
     for variant in fd.VARIANTS:
-        cfg = fd.Config(block_n=16) if interpreting() else fd.Config()
+        cfg = Config(block_n=16) if interpreting() else Config()
         try:
             run = fd.FlashDecode(ctx, B, Hq, Hkv, D, S, torch.bfloat16, variant, cfg)
             errs = []
@@ -295,7 +213,7 @@ def _compile_one(D, block_n, warps, stages, tma=False, evict_first=False):
     k = torch.randn(1, HKV, S, D, device=dev, dtype=torch.bfloat16)
     out = torch.empty(1, HQ, D, device=dev, dtype=torch.bfloat16)
     try:
-        dec = fd.LocalDecode(1, HQ, HKV, D, S, dev, fd.Config(block_n=block_n, splits=2, num_warps=warps,
+        dec = LocalDecode(1, HQ, HKV, D, S, dev, Config(block_n=block_n, splits=2, num_warps=warps,
                                                              num_stages=stages, tma=tma, evict_first=evict_first))
         dec(q, k, k, out)
         torch.cuda.synchronize()
@@ -348,7 +266,7 @@ def candidates(B, S, D, sms):
     seen = set()
     for bn, w, st, tma, ev in kernel_variants(D):
         for pps in PPS:
-            splits, _ = fd.split_count(S, B, HKV, sms, bn, 0, pps)
+            splits, _ = split_count(S, B, HKV, sms, bn, 0, pps)
             if (bn, w, st, tma, ev, splits) in seen:
                 continue
             seen.add((bn, w, st, tma, ev, splits))
@@ -369,13 +287,13 @@ def targeted_candidates(B, S, D, sms, args):
     extra = {int(b): [int(x) for x in xs.split(",")] for b, xs in
              (part.split("=") for part in args.splits_extra.split(";") if part)}.get(B, [])
     cands, seen = [], set()
-    c, splits, _ = fd.resolve(fd.Config(), B, HKV, S, D, sms, True)
+    c, splits, _ = resolve(Config(), B, HKV, S, D, sms, True)
     table = {"block_n": c.block_n, "num_warps": c.num_warps, "num_stages": c.num_stages, "tma": bool(c.tma),
              "evict_first": bool(c.evict_first), "splits": splits}
     for bn, w, st, tma, ev in [tuple(table[k] for k in ("block_n", "num_warps", "num_stages", "tma", "evict_first"))] \
             + variants[:args.top]:
         for want in ([splits] if (bn, w, st, tma, ev) == tuple(list(table.values())[:5]) and not cands else extra):
-            n, _ = fd.split_count(S, B, HKV, sms, bn, want)
+            n, _ = split_count(S, B, HKV, sms, bn, want)
             if (bn, w, st, tma, ev, n) in seen:
                 continue
             seen.add((bn, w, st, tma, ev, n))
@@ -387,7 +305,7 @@ def targeted_candidates(B, S, D, sms, args):
 def update_table(rows, meta, out_dir):
     """Replace the tuned table's entries of the shapes just swept by their new best (kept where the table's
     own config won); writes kernels/flash_decode_tuned.json and a copy under out_dir."""
-    table = fd.load_tuned()
+    table = load_tuned()
     new = {(r["B"], r["S"], r["D"]): r for r in rows if r.get("best")}
     for e in table["entries"]:
         r = new.get((e["B"], e["S"], e["D"]))
@@ -398,7 +316,7 @@ def update_table(rows, meta, out_dir):
             e["us"] = r["us"]
             e["from"] = meta["command"]
     text = json.dumps(table, indent=1) + "\n"
-    fd.TUNED_FILE.write_text(text)
+    TUNED_FILE.write_text(text)
     (out_dir / "flash_decode_tuned.json").write_text(text)
 
 
@@ -414,15 +332,15 @@ def tune_shape(B, S, D, Hq, Hkv, sets, ref, dev, sms, timer, args, t_start, smok
     for c in cands:
         if time.time() - t_start > args.budget_s:
             break
-        cfg = fd.Config(**{k: v for k, v in c.items() if k != "programs_per_sm"})
-        dec = fd.LocalDecode(B, Hq, Hkv, D, S, dev, cfg)
+        cfg = Config(**{k: v for k, v in c.items() if k != "programs_per_sm"})
+        dec = LocalDecode(B, Hq, Hkv, D, S, dev, cfg)
         r = measure_ours(dec, sets, ref, timer, args.tune_replays, 1000.0)
         entries.append({"B": B, "S": S, "D": D, **c, "splits": dec.n_splits, "tma_used": dec.tma,
                         **{k: r.get(k) for k in ("us", "error")}})
     ok = sorted((e for e in entries if e["error"] is None), key=lambda e: e["us"])
     for e in ok[:args.refine]:
-        cfg = fd.Config(**{k: e[k] for k in ("block_n", "num_warps", "num_stages", "tma", "evict_first", "splits")})
-        r = measure_ours(fd.LocalDecode(B, Hq, Hkv, D, S, dev, cfg), sets, ref, timer, args.replays, 2500.0)
+        cfg = Config(**{k: e[k] for k in ("block_n", "num_warps", "num_stages", "tma", "evict_first", "splits")})
+        r = measure_ours(LocalDecode(B, Hq, Hkv, D, S, dev, cfg), sets, ref, timer, args.replays, 2500.0)
         e["refined_us"] = r.get("us") if "error" not in r else None
     refined = [e for e in ok[:args.refine] if e.get("refined_us")]
     best = min(refined, key=lambda e: e["refined_us"]) if refined else (ok[0] if ok else None)
@@ -437,7 +355,7 @@ def run(args):
     out_dir.mkdir(parents=True, exist_ok=True)
     timer = time_host if smoke else time_graph
     l2 = 0 if smoke else torch.cuda.get_device_properties(dev).L2_cache_size
-    sms = fd.sm_count_of(dev)
+    sms = sm_count_of(dev)
     meta = metadata(args, l2, sms)
     log(json.dumps(meta))
     bw = None if smoke else read_bandwidth(dev)
@@ -450,10 +368,10 @@ def run(args):
     if args.tune and not smoke:
         compile_ahead(sorted({(D,) + v for D in {D for _, _, D in shapes} for v in kernel_variants(D)}), 150)
     elif not smoke:
-        table = fd.load_tuned()
+        table = load_tuned()
         chosen = set()
         for B, S, D in shapes:
-            c, _, _ = fd.resolve(fd.Config(), B, HKV, S, D, sms, True, table)
+            c, _, _ = resolve(Config(), B, HKV, S, D, sms, True, table)
             chosen.add((D, c.block_n, c.num_warps, c.num_stages, bool(c.tma), bool(c.evict_first)))
         compile_ahead(sorted(chosen), 120)
     part = torch.empty(sms * 8, dtype=torch.float32, device=dev)
@@ -464,7 +382,7 @@ def run(args):
             break
         sets, kv = make_sets(B, S, D, dev, l2, smoke)
         q0, k0, v0 = sets[0][:3]
-        ref = fd.attention_partial_f32(q0, k0, v0)
+        ref = attention_partial_f32(q0, k0, v0)
         Hq, Hkv = q0.shape[1], k0.shape[1]
         io_bytes = kv + 2 * q0.numel() * 2
         floor_us = io_bytes / (bw["read_gb_per_s"] * 1e3) if bw else None
@@ -492,7 +410,7 @@ def run(args):
                 for e in entries:
                     f.write(json.dumps(e) + "\n")
         else:
-            dec = fd.LocalDecode(B, Hq, Hkv, D, S, dev, fd.Config())
+            dec = LocalDecode(B, Hq, Hkv, D, S, dev, Config())
             r = measure_ours(dec, sets, ref, timer, replays, min_graph)
             row.update({"us": r.get("us"), "ours": r, "peers": peers, "peers_us": ok_peers})
             del dec
@@ -531,7 +449,7 @@ def flex_row(rows, D, dev, l2, timer, args):
     if row is None:
         return
     sets, _ = make_sets(1, 32768, D, dev, l2, False)
-    ref = fd.attention_partial_f32(*sets[0][:3])
+    ref = attention_partial_f32(*sets[0][:3])
     flex = torch.compile(flex_attention, dynamic=False)
     t0 = time.time()
 

@@ -6,7 +6,7 @@ each rank computes C_local = A @ W_local (M x N/p).
 Inputs live in the symmetric heap: `a_full` is an M x K symmetric buffer whose rows of this rank's shard
 hold the rank's A; the other rows are workspace the variants fill.
 
-Variants:
+Variants (bsp, bsp-graph and torch-async-tp are PyTorch calls alone: kernels/ag_gemm_torch.py):
 - bsp: NCCL all_gather_into_tensor into a separate gathered buffer, then torch.matmul;
 - bsp-graph: the same two calls captured in one CUDA graph;
 - fused-push: producer-driven; each rank's A rows are written into every peer's a_full chunk by chunk,
@@ -36,7 +36,6 @@ about one bare kernel launch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -45,8 +44,9 @@ import triton
 import triton.language as tl
 
 from taxes.variants import names
+from taxes.kernels.ag_gemm_torch import AgGemmBsp, AgGemmTorchAsyncTP
 from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
-from taxes.kernels.runtime import RankContext, SymBuffer, interpreting, replay_graph
+from taxes.kernels.runtime import RankContext, SymBuffer, interpreting, replay_graph, sm_count_of
 from taxes.kernels.sync import (
     ERR_WORDS,
     globaltimer_ns,
@@ -58,7 +58,6 @@ from taxes.kernels.sync import (
 )
 
 VARIANTS = names("ag-gemm")  # the variants with kernels here (taxes.variants)
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -319,12 +318,6 @@ def _bind(cfg: Config, grid: int, descs: DescriptorCache, a, w, out, bases, flag
     return BoundLaunch(ag_gemm_fused_kernel, (grid,), args, constants)
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # interpreter: a few programs exercise the same scheduling logic
-
-
 # Triton specialises integer arguments equal to 1 or divisible by 16: an epoch or rank passed plainly
 # would compile (and load) a new kernel mid-run, and loading a module while a spinning kernel holds the
 # GPU deadlocks against the peer. Per-call values are therefore never specialised.
@@ -374,7 +367,7 @@ class AgGemmFused:
         chunk = min(cfg.chunk_rows, shard)
         if shard % chunk:
             raise ValueError(f"M/p={shard} is not a multiple of chunk_rows={chunk}")
-        self.grid = cfg.grid or _num_sms(ctx.device)
+        self.grid = cfg.grid or sm_count_of(ctx.device)
         if cfg.copiers >= self.grid:
             raise ValueError(f"copiers={cfg.copiers} leaves none of {self.grid} CTAs for the GEMM")
         self.ctx, self.M, self.N_local, self.K = ctx, M, N_local, K
@@ -494,71 +487,6 @@ class AgGemmFused:
         return f"rank {index}"
 
 
-# ---- bsp, bsp-graph and the reference ---------------------------------------------------------------
-
-
-def all_gather_rows(ctx: RankContext, out: torch.Tensor, shard: torch.Tensor, a_full: SymBuffer | None = None) -> None:
-    """out = concatenation of every rank's shard. NCCL on GPUs; emulated ranks copy the peers' rows out
-    of the symmetric heap between two barriers (a stand-in with the same result, no timing meaning)."""
-    if ctx.backend == "cuda":
-        import torch.distributed as dist
-
-        dist.all_gather_into_tensor(out, shard)
-        return
-    rows = shard.shape[0]
-    ctx.barrier()
-    for r in range(ctx.world):
-        out[r * rows:(r + 1) * rows].copy_(a_full.peers[r][r * rows:(r + 1) * rows])
-    ctx.barrier()
-
-
-class AgGemmBsp:
-    """bsp (and bsp-graph): NCCL all-gather into a gathered buffer, then torch.matmul."""
-
-    def __init__(self, ctx: RankContext, M: int, N_local: int, K: int, dtype: torch.dtype, graph: bool = False):
-        self.ctx, self.M, self.graph = ctx, M, graph and ctx.device.type == "cuda"
-        self.gathered = torch.empty(M, K, dtype=dtype, device=ctx.device)
-        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-
-    def phases(self, a_full: SymBuffer, w_local, out, traced: bool = False) -> list[tuple[str, str, object]]:
-        """The eager steps as (name, role, thunk); running the thunks in order is one call."""
-        rows = self.M // self.ctx.world
-        r = self.ctx.rank
-        return [("all-gather", "communication",
-                 lambda: all_gather_rows(self.ctx, self.gathered, a_full.local[r * rows:(r + 1) * rows], a_full)),
-                ("matmul", "compute", lambda: torch.matmul(self.gathered, w_local, out=out))]
-
-    def _eager(self, a_full: SymBuffer, w_local, out):
-        for _, _, step in self.phases(a_full, w_local, out):
-            step()
-        return out
-
-    def __call__(self, a_full: SymBuffer, w_local, out):
-        if not self.graph:
-            return self._eager(a_full, w_local, out)
-        replay_graph(self._graphs, (a_full.local.data_ptr(), w_local.data_ptr(), out.data_ptr()),
-                     lambda: self._eager(a_full, w_local, out))
-        return out
-
-
-class AgGemmTorchAsyncTP:
-    """torch.ops.symm_mem.fused_all_gather_matmul (PyTorch's async tensor parallelism)."""
-
-    def __init__(self, ctx: RankContext, M: int, N_local: int, K: int, dtype: torch.dtype):
-        if ctx.backend != "cuda":
-            raise NotImplementedError("torch-async-tp needs CUDA symmetric memory (no CPU emulation)")
-        import torch.distributed as dist
-
-        self.ctx, self.M, self.group_name = ctx, M, dist.group.WORLD.group_name
-
-    def __call__(self, a_full: SymBuffer, w_local, out):
-        rows = self.M // self.ctx.world
-        r = self.ctx.rank
-        _, (mm,) = torch.ops.symm_mem.fused_all_gather_matmul(a_full.local[r * rows:(r + 1) * rows], [w_local], gather_dim=0,
-                                                             group_name=self.group_name)
-        return mm
-
-
 class AgGemmFusedGraph:
     """fused-push-graph: the fused kernel replayed from a CUDA graph (one per input set), so the host's
     launch path (descriptors, argument handling, the copy engine's per-chunk calls) is paid once at
@@ -590,33 +518,6 @@ class AgGemmFusedGraph:
         self.inner.check(what)
 
 
-def make_variant(ctx: RankContext, variant: str, M: int, N_local: int, K: int, dtype: torch.dtype,
-                 config: Config | None = None, wait_s: float = 5.0):
-    """A callable run(a_full, w_local, out) -> C_local for one variant."""
-    if variant in ("bsp", "bsp-graph"):
-        return AgGemmBsp(ctx, M, N_local, K, dtype, graph=variant == "bsp-graph")
-    if variant == "fused-push-graph":
-        return AgGemmFusedGraph(AgGemmFused(ctx, M, N_local, K, push=True, config=config or Config(), wait_s=wait_s))
-    if variant in ("fused-pull", "fused-push"):
-        return AgGemmFused(ctx, M, N_local, K, push=variant == "fused-push", config=config or Config(), wait_s=wait_s)
-    if variant == "torch-async-tp":
-        return AgGemmTorchAsyncTP(ctx, M, N_local, K, dtype)
-    raise ValueError(f"unknown ag-gemm variant {variant!r}: choose from {', '.join(VARIANTS)}")
-
-
-def reference(a_full_rows: list[torch.Tensor], w_local: torch.Tensor) -> torch.Tensor:
-    """float32 all-gather + matmul."""
-    return torch.cat([a.float() for a in a_full_rows]) @ w_local.float()
-
-
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref||; NaN (unwritten, poisoned output) gives inf."""
-    diff = (out.float() - ref).norm().item()
-    if not math.isfinite(diff):
-        return math.inf
-    return diff / max(ref.norm().item(), 1e-30)
-
-
 class PersistentGemm:
     """The fused kernel's GEMM alone (world 1, no flags, no copies): out = a @ w. Used to report the
     GEMM's own efficiency against torch.matmul at the same shape."""
@@ -624,7 +525,7 @@ class PersistentGemm:
     def __init__(self, device: torch.device, config: Config = Config()):
         self.cfg = replace(config, copiers=0, warp_spec=config.warp_spec and not interpreting())
         self.device = device
-        self.grid = self.cfg.grid or _num_sms(device)
+        self.grid = self.cfg.grid or sm_count_of(device)
         self.counters = torch.zeros(3, dtype=torch.int32, device=device)
         self.err = torch.zeros(ERR_WORDS, dtype=torch.int32, device=device)
         self.dummy = torch.zeros(4, dtype=torch.int32, device=device)
@@ -645,3 +546,25 @@ class PersistentGemm:
         self.epoch += 1
         launch()
         return out
+
+
+# ---- every variant by name, and the reference ------------------------------------------------------
+
+
+def make_variant(ctx: RankContext, variant: str, M: int, N_local: int, K: int, dtype: torch.dtype,
+                 config: Config | None = None, wait_s: float = 5.0):
+    """A callable run(a_full, w_local, out) -> C_local for one variant."""
+    if variant in ("bsp", "bsp-graph"):
+        return AgGemmBsp(ctx, M, N_local, K, dtype, graph=variant == "bsp-graph")
+    if variant == "fused-push-graph":
+        return AgGemmFusedGraph(AgGemmFused(ctx, M, N_local, K, push=True, config=config or Config(), wait_s=wait_s))
+    if variant in ("fused-pull", "fused-push"):
+        return AgGemmFused(ctx, M, N_local, K, push=variant == "fused-push", config=config or Config(), wait_s=wait_s)
+    if variant == "torch-async-tp":
+        return AgGemmTorchAsyncTP(ctx, M, N_local, K, dtype)
+    raise ValueError(f"unknown ag-gemm variant {variant!r}: choose from {', '.join(VARIANTS)}")
+
+
+def reference(a_full_rows: list[torch.Tensor], w_local: torch.Tensor) -> torch.Tensor:
+    """float32 all-gather + matmul."""
+    return torch.cat([a.float() for a in a_full_rows]) @ w_local.float()

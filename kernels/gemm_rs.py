@@ -75,16 +75,15 @@ import triton
 import triton.language as tl
 
 from taxes.variants import names
-from taxes.kernels.ag_gemm import _num_sms, nearest_tuned, rel_error
+from taxes.kernels.ag_gemm import nearest_tuned
 from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
-from taxes.kernels.runtime import RankContext, interpreting, replay_graph
+from taxes.kernels.runtime import RankContext, interpreting, replay_graph, sm_count_of
 from taxes.kernels.sync import ERR_WORDS, peer_ptr, raise_if_timed_out, signal, wait_at_least, wait_budget
 
 __all__ = ["VARIANTS", "Config", "GemmRsBsp", "GemmRsFused", "GemmRsFusedGraph", "GemmRsTorchFused", "check_shape",
-           "make_variant", "reference", "tuned_config", "rel_error", "reduce_scatter_rows"]
+           "make_variant", "reference", "tuned_config", "reduce_scatter_rows"]
 
 VARIANTS = names("gemm-rs")  # the variants with kernels here (taxes.variants)
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -271,7 +270,7 @@ class GemmRsFused:
             raise ValueError(f"gemm-rs producer {config.producer!r}: choose 'ctas' or 'copy-engine'")
         self.interp = interpreting()
         self.ctx, self.M, self.N, self.K_local, self.dtype, self.cfg = ctx, M, N, K // p, dtype, config
-        self.grid = config.grid or _num_sms(ctx.device)
+        self.grid = config.grid or sm_count_of(ctx.device)
         self.tiles_per_shard = (M // p // config.block_m) * triton.cdiv(N, config.block_n)
         heap = ctx.heap
         slots = max(p - 1, 1)  # world 1: a one-element stand-in, never touched

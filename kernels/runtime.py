@@ -91,6 +91,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def sm_count_of(device: torch.device) -> int:
+    """The SMs a kernel's grid is sized for: the GPU's, or 4 stand-in SMs off a GPU, so that under the
+    interpreter a few programs (persistent CTAs, splits of the sequence) run the same scheduling logic."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
 @dataclass
 class SymBuffer:
     """One symmetric allocation: this rank's tensor and every rank's view of the same bytes."""

@@ -47,6 +47,7 @@ import triton.language as tl
 from taxes.variants import names
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels import gemm_rs as rs
+from taxes.kernels.ag_gemm_torch import AgGemmBsp
 from taxes.kernels.launch import BoundLaunch
 from taxes.kernels.runtime import RankContext, SymBuffer, interpreting, replay_graph
 
@@ -172,7 +173,7 @@ class TpMlpBsp:
         f_local = F // p
         self.ctx, self.M, self.H, self.F = ctx, M, H, F
         self.graph = graph and ctx.device.type == "cuda"
-        self.ag = ag.AgGemmBsp(ctx, M, 2 * f_local, H, dtype)
+        self.ag = AgGemmBsp(ctx, M, 2 * f_local, H, dtype)
         self.rs = rs.GemmRsBsp(ctx, M, H, F, dtype)
         self.y1 = torch.empty(M, 2 * f_local, dtype=dtype, device=ctx.device)
         self.z = torch.empty(M, f_local, dtype=dtype, device=ctx.device)

@@ -75,6 +75,7 @@ def ag_gemm_case(ctx, w: AgGemm, wait_s: float, config_overrides: dict | None = 
 
 def flash_decode_case(ctx, w: FlashDecode, wait_s: float, config_overrides: dict | None = None) -> Case:
     from taxes.kernels import flash_decode as fd
+    from taxes.kernels.decode_local import Config, attention_partial_f32, merge_partials_f32
 
     dtype = TORCH_DTYPES[w.dtype]
     B, Hq, Hkv, D, S = w.B, w.Hq, w.Hkv, w.D, w.S
@@ -87,11 +88,11 @@ def flash_decode_case(ctx, w: FlashDecode, wait_s: float, config_overrides: dict
         k = torch.randn(B, Hkv, S, D, generator=g, device=ctx.device).to(dtype)
         v = torch.randn(B, Hkv, S, D, generator=g, device=ctx.device).to(dtype)
         sets.append((q, k, v, torch.empty(B, Hq, D, dtype=dtype, device=ctx.device)))
-    o, lse = fd.attention_partial_f32(q, sets[0][1], sets[0][2])
+    o, lse = attention_partial_f32(q, sets[0][1], sets[0][2])
     packed = torch.cat([o, lse[..., None]], dim=-1).contiguous()
     every = _gather(ctx, packed)
-    ref = fd.merge_partials_f32(every[..., :-1], every[..., -1])
-    cfg = fd.Config(**(config_overrides or {}))
+    ref = merge_partials_f32(every[..., :-1], every[..., -1])
+    cfg = Config(**(config_overrides or {}))
 
     def build(variant: str, overrides: dict | None = None):
         return fd.FlashDecode(ctx, B, Hq, Hkv, D, S, dtype, variant, replace(cfg, **(overrides or {})), wait_s)

@@ -153,7 +153,7 @@ def memory_breakdown(workload: Workload, variant: str, input_sets: int = 1, chec
         R = B * Hq
         row = (D + 1) * PARTIAL_BYTES  # one packed partial: output and log-sum-exp, float32
         splits = workload.kv_splits(SM_COUNT)
-        chunk = max(256, min(8192, (1 << 30) // (B * Hkv * D * 4)))  # the reference's KV chunk (kernels/flash_decode.py)
+        chunk = max(256, min(8192, (1 << 30) // (B * Hkv * D * 4)))  # the reference's KV chunk (kernels/decode_local.py)
         out = {
             "inputs": input_sets * (2 * B * Hkv * S * D + R * D) * e,
             "outputs": input_sets * R * D * e,

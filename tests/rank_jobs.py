@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from taxes.cases import rel_error
 from taxes.kernels import ag_gemm as ag
+from taxes.kernels import decode_local
 from taxes.kernels import flash_decode as fd
 
 SMALL = ag.Config(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2, copiers=2,
@@ -37,7 +39,7 @@ def ag_gemm_job(ctx, variant, cfg, M, N, K, dtype_name, seed, calls=2, wait_s=30
             run.check()
         ctx.barrier()
         ref = ag.reference([a_full.peers[j][j * rows:(j + 1) * rows] for j in range(p)], w)
-        errors.append(ag.rel_error(res, ref))
+        errors.append(rel_error(res, ref))
         if traced:  # every tile computed exactly once, by some CTA, and recorded against its source rank
             tiles = sum(row["tiles"] for row in run.cta_trace_rows())
             sources = [src for src, _ in run.tile_waits()]
@@ -58,7 +60,8 @@ def flash_decode_job(ctx, variant, signal, B, Hq, Hkv, D, S, dtype_name, calls=3
     k.local.copy_(torch.randn(B, Hkv, S, D, generator=g).to(dtype))
     v.local.copy_(torch.randn(B, Hkv, S, D, generator=g).to(dtype))
     out = torch.empty(B, Hq, D, dtype=dtype)
-    run = fd.FlashDecode(ctx, B, Hq, Hkv, D, S, dtype, variant, fd.Config(block_n=16, signal=signal), wait_s=30)
+    cfg = decode_local.Config(block_n=16, signal=signal)
+    run = fd.FlashDecode(ctx, B, Hq, Hkv, D, S, dtype, variant, cfg, wait_s=30)
     ctx.barrier()
     errors = []
     for i in range(calls):

@@ -14,6 +14,7 @@ import pytest
 import torch
 from rank_jobs import SMALL, ag_gemm_job
 
+from taxes.cases import rel_error
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels.runtime import RankError, interpreting, launch
 
@@ -71,7 +72,7 @@ def _late_producer(ctx, calls=3):
     for _ in range(calls):  # no host barrier between calls: the flags alone keep the ranks in step
         res = run(a_full, w, out.fill_(float("nan")))
         run.check()
-        errors.append(ag.rel_error(res, ag.reference([a_full.peers[j][j * rows:(j + 1) * rows] for j in range(p)], w)))
+        errors.append(rel_error(res, ag.reference([a_full.peers[j][j * rows:(j + 1) * rows] for j in range(p)], w)))
     ctx.barrier()
     return errors
 
@@ -149,7 +150,7 @@ def test_persistent_gemm_alone():
     w = torch.randn(32, 40, generator=g).to(torch.bfloat16)
     for _ in range(2):
         out = gemm(a, w, torch.full((48, 40), float("nan"), dtype=torch.bfloat16))
-        assert ag.rel_error(out, a.float() @ w.float()) < 1e-2
+        assert rel_error(out, a.float() @ w.float()) < 1e-2
 
 
 @pytest.mark.gpu

@@ -15,6 +15,15 @@ import torch
 from rank_jobs import flash_decode_job
 
 from taxes.kernels import flash_decode as fd
+from taxes.kernels.decode_local import (
+    LOG2E,
+    Config,
+    LocalDecode,
+    attention_partial_f32,
+    load_tuned,
+    resolve,
+    split_count,
+)
 from taxes.kernels.runtime import interpreting, launch
 
 pytestmark = pytest.mark.skipif(not interpreting(), reason="triton was imported before TRITON_INTERPRET was set")
@@ -49,19 +58,19 @@ def _inputs(B, Hq, Hkv, D, S, seed, scale=1.0):
 
 
 LOCAL = [  # B, Hq, Hkv, D, S, config: GQA groups of 4 and 8, S not a multiple of the block, 1 to 7 splits
-    (2, 8, 2, 64, 70, fd.Config(block_n=16, splits=3)),
-    (1, 16, 2, 128, 100, fd.Config(block_n=16, splits=7)),
-    (3, 8, 1, 64, 33, fd.Config(block_n=16, splits=1)),
-    (1, 16, 2, 128, 160, fd.Config(block_n=16, splits=5, num_warps=8, evict_first=True)),
-    (2, 8, 2, 64, 64, fd.Config(block_n=16, splits=4, tma=True)),  # TMA needs S % block_n == 0
+    (2, 8, 2, 64, 70, Config(block_n=16, splits=3)),
+    (1, 16, 2, 128, 100, Config(block_n=16, splits=7)),
+    (3, 8, 1, 64, 33, Config(block_n=16, splits=1)),
+    (1, 16, 2, 128, 160, Config(block_n=16, splits=5, num_warps=8, evict_first=True)),
+    (2, 8, 2, 64, 64, Config(block_n=16, splits=4, tma=True)),  # TMA needs S % block_n == 0
 ]
 
 
 @pytest.mark.parametrize("B,Hq,Hkv,D,S,cfg", LOCAL, ids=[f"B{c[0]}-Hq{c[1]}-Hkv{c[2]}-D{c[3]}-S{c[4]}" for c in LOCAL])
 def test_local_decode_matches_float32_reference_call_after_call(B, Hq, Hkv, D, S, cfg):
     q, k, v = _inputs(B, Hq, Hkv, D, S, seed=S + D)
-    o_ref, lse_ref = fd.attention_partial_f32(q, k, v)
-    dec = fd.LocalDecode(B, Hq, Hkv, D, S, torch.device("cpu"), cfg)
+    o_ref, lse_ref = attention_partial_f32(q, k, v)
+    dec = LocalDecode(B, Hq, Hkv, D, S, torch.device("cpu"), cfg)
     assert dec.n_splits == cfg.splits and (dec.n_splits - 1) * dec.split_len < S <= dec.n_splits * dec.split_len
     assert dec.tma == bool(cfg.tma)
     for call in range(3):  # the arrival counters keep growing: every call must still find its last arriver
@@ -72,27 +81,27 @@ def test_local_decode_matches_float32_reference_call_after_call(B, Hq, Hkv, D, S
         packed = torch.full((B * Hq, D + 1), float("nan"))
         dec.packed(q, k, v, packed)
         assert torch.allclose(packed[:, :D], o_ref.view(-1, D), atol=1e-5, rtol=1e-4)
-        assert torch.allclose(packed[:, D], lse_ref.view(-1) * fd.LOG2E, atol=1e-4)  # base 2
+        assert torch.allclose(packed[:, D], lse_ref.view(-1) * LOG2E, atol=1e-4)  # base 2
         assert dec.counts.tolist() == [2 * (call + 1) * dec.n_splits] * (B * Hkv)
 
 
 def test_local_decode_binds_one_launch_per_set_of_buffers_and_stays_right_across_them():
     B, Hq, Hkv, D, S = 1, 8, 2, 64, 64
     sets = [_inputs(B, Hq, Hkv, D, S, seed=s) for s in (1, 2)]
-    dec = fd.LocalDecode(B, Hq, Hkv, D, S, torch.device("cpu"), fd.Config(block_n=16, splits=2, tma=True))
+    dec = LocalDecode(B, Hq, Hkv, D, S, torch.device("cpu"), Config(block_n=16, splits=2, tma=True))
     outs = [torch.empty(B, Hq, D, dtype=torch.bfloat16) for _ in sets]
     for call in range(4):  # rotate the input sets, as a benchmark does
         (q, k, v), out = sets[call % 2], outs[call % 2]
         out.fill_(float("nan"))
         dec(q, k, v, out)
-        o_ref, _ = fd.attention_partial_f32(q, k, v)
+        o_ref, _ = attention_partial_f32(q, k, v)
         assert ((out.float() - o_ref).norm() / o_ref.norm()).item() < 1e-2, call
     assert len(dec._bound) == 2 and dec._descs.made == 4  # one binding per set; K and V descriptors per set
     k2 = sets[0][1].clone()  # new contents at a new address: a new binding, the right answer
     out = torch.full((B, Hq, D), float("nan"), dtype=torch.bfloat16)
     dec(sets[0][0], k2, sets[0][2], out)
     assert len(dec._bound) == 3
-    o_ref, _ = fd.attention_partial_f32(sets[0][0], k2, sets[0][2])
+    o_ref, _ = attention_partial_f32(sets[0][0], k2, sets[0][2])
     assert ((out.float() - o_ref).norm() / o_ref.norm()).item() < 1e-2
 
 
@@ -101,14 +110,14 @@ def test_local_decode_merge_is_exact_when_one_token_dominates():
     # float32's exp range: the merge must rescale, not add raw exponentials
     B, Hq, Hkv, D, S = 1, 8, 1, 64, 128
     q, k, v = _inputs(B, Hq, Hkv, D, S, seed=3, scale=30.0)
-    o_ref, _ = fd.attention_partial_f32(q, k, v)
+    o_ref, _ = attention_partial_f32(q, k, v)
     out = torch.full((B, Hq, D), float("nan"), dtype=torch.bfloat16)
-    fd.LocalDecode(B, Hq, Hkv, D, S, torch.device("cpu"), fd.Config(block_n=16, splits=8))(q, k, v, out)
+    LocalDecode(B, Hq, Hkv, D, S, torch.device("cpu"), Config(block_n=16, splits=8))(q, k, v, out)
     assert ((out.float() - o_ref).norm() / o_ref.norm()).item() < 1e-2
 
 
 def test_local_decode_refuses_what_it_was_not_built_for():
-    dec = fd.LocalDecode(1, 8, 2, 64, 32, torch.device("cpu"), fd.Config(block_n=16))
+    dec = LocalDecode(1, 8, 2, 64, 32, torch.device("cpu"), Config(block_n=16))
     q, k, v = _inputs(1, 8, 2, 64, 48, seed=1)
     with pytest.raises(ValueError, match="built for"):
         dec(q, k, v, torch.empty(1, 8, 64, dtype=torch.bfloat16))
@@ -130,28 +139,28 @@ def test_tuned_table_lookup_takes_the_nearest_shape_of_the_same_head_dim():
     table = {"entries": [_entry(1, 8192, 128, block_n=128, splits=16, programs_per_sm=1),
                          _entry(16, 131072, 128, block_n=32, splits=2),
                          _entry(4, 32768, 64, block_n=256, splits=9)]}
-    cfg, splits, per = fd.resolve(fd.Config(), 1, 8, 8192, 128, 132, True, table)  # measured shape: its splits
+    cfg, splits, per = resolve(Config(), 1, 8, 8192, 128, 132, True, table)  # measured shape: its splits
     assert (cfg.block_n, splits, per) == (128, 16, 512)
-    cfg, splits, per = fd.resolve(fd.Config(), 2, 8, 4608, 128, 132, True, table)  # between: the small entry's rule
+    cfg, splits, per = resolve(Config(), 2, 8, 4608, 128, 132, True, table)  # between: the small entry's rule
     assert cfg.block_n == 128 and (splits, per) == (9, 512)  # one program per SM: ceil(132 / 16) splits
-    cfg, _, _ = fd.resolve(fd.Config(), 8, 8, 65536, 128, 132, True, table)
+    cfg, _, _ = resolve(Config(), 8, 8, 65536, 128, 132, True, table)
     assert cfg.block_n == 32  # nearer to B=16, S=128K than to B=1, S=8K
-    cfg, _, _ = fd.resolve(fd.Config(), 16, 8, 131072, 64, 132, True, table)
+    cfg, _, _ = resolve(Config(), 16, 8, 131072, 64, 132, True, table)
     assert cfg.block_n == 256  # the only D=64 entry, however far
-    cfg, splits, _ = fd.resolve(fd.Config(block_n=16, splits=3), 1, 8, 8192, 128, 132, True, table)
+    cfg, splits, _ = resolve(Config(block_n=16, splits=3), 1, 8, 8192, 128, 132, True, table)
     assert (cfg.block_n, splits) == (16, 3)  # what the caller sets wins
-    cfg, splits, _ = fd.resolve(fd.Config(), 1, 8, 8192, 128, 4, False, table)
+    cfg, splits, _ = resolve(Config(), 1, 8, 8192, 128, 4, False, table)
     assert cfg.tma is False and splits == 1  # off a GPU: no table (4 stand-in SMs, 2 per SM, 8 groups)
 
 
 def test_committed_tuned_table_covers_the_benchmark_shapes_with_valid_configs():
-    entries = fd.load_tuned()["entries"]
+    entries = load_tuned()["entries"]
     shapes = {(e["B"], e["S"], e["D"]) for e in entries}
     assert shapes == {(B, S, D) for B in (1, 4, 16) for S in (8192, 32768, 131072) for D in (64, 128)}
     for e in entries:
         assert e["block_n"] in (16, 32, 64, 128, 256) and e["num_warps"] in (2, 4, 8) and e["num_stages"] >= 1
         assert 1 <= e["splits"] <= math.ceil(e["S"] / e["block_n"]) and e["Hkv"] == 8
-        assert fd.split_count(e["S"], e["B"], e["Hkv"], e["sm_count"], e["block_n"], e["splits"])[0] == e["splits"]
+        assert split_count(e["S"], e["B"], e["Hkv"], e["sm_count"], e["block_n"], e["splits"])[0] == e["splits"]
 
 
 @pytest.mark.slow
@@ -166,7 +175,7 @@ def test_long_sequence_head_dim_128_and_peaked_scores():
 def test_split_count_never_leaves_a_split_empty():
     for S in (1, 15, 16, 17, 40, 1000, 131072):
         for B, Hkv in ((1, 8), (64, 8), (3, 1)):
-            n, per = fd.split_count(S, B, Hkv, 132, 64)
+            n, per = split_count(S, B, Hkv, 132, 64)
             assert per % 64 == 0 and n >= 1
             assert (n - 1) * per < S <= n * per  # every split has tokens, all tokens are covered
 

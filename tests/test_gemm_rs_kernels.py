@@ -17,6 +17,7 @@ import time
 import pytest
 import torch
 
+from taxes.cases import rel_error
 from taxes.kernels import gemm_rs as rs
 from taxes.kernels.runtime import RankError, interpreting, launch
 
@@ -49,7 +50,7 @@ def _job(ctx, variant, cfg, M, N, K, dtype_names, seed, calls=3):
             res = run(a, w, out)
             if hasattr(run, "check"):
                 run.check()
-            errs.append(rs.rel_error(res, rs.reference([x for x, _ in parts], [y for _, y in parts], r)))
+            errs.append(rel_error(res, rs.reference([x for x, _ in parts], [y for _, y in parts], r)))
         errors[dtype_name] = errs
         ctx.barrier()  # (emulated) ranks reuse heap memory only after everyone is done with this runner
         ctx.heap.reset()
@@ -248,7 +249,7 @@ def _graph_phases_job(ctx):
         names.append((name, role))
         thunk()
     run.check()
-    return names, rs.rel_error(out, rs.reference([x for x, _ in parts], [y for _, y in parts], ctx.rank))
+    return names, rel_error(out, rs.reference([x for x, _ in parts], [y for _, y in parts], ctx.rank))
 
 
 def test_graph_variant_phases_run_the_kernel_not_a_graph_replay():

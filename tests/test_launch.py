@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from taxes.cases import rel_error
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels import gemm_rs as rs
 from taxes.kernels import tp_mlp as mlp
@@ -109,7 +110,7 @@ def _ag_rotation(ctx, variant, cfg, M, N, K):
         run(a_full, w, out)
         run.check()
         ctx.barrier()
-        return ag.rel_error(out, ag.reference([a_full.peers[j][j * rows:(j + 1) * rows] for j in range(p)], w))
+        return rel_error(out, ag.reference([a_full.peers[j][j * rows:(j + 1) * rows] for j in range(p)], w))
 
     errors = [call(*sets[i % 2]) for i in range(4)]
     counts = [len(run._bound), run._descs.made]
@@ -154,7 +155,7 @@ def _rs_rotation(ctx, cfg, M, N, K):
         out.fill_(float("nan"))
         res = run(parts[s][r][0], parts[s][r][1], out)
         run.check()
-        return rs.rel_error(res, rs.reference([a for a, _ in parts[s]], [w for _, w in parts[s]], r))
+        return rel_error(res, rs.reference([a for a, _ in parts[s]], [w for _, w in parts[s]], r))
 
     errors = [call(i % 2) for i in range(5)]
     counts = [len(run._bound), run._descs.made]
@@ -162,7 +163,7 @@ def _rs_rotation(ctx, cfg, M, N, K):
     out.fill_(float("nan"))
     run(parts[1][r][0], parts[0][r][1], out)
     run.check()
-    errors.append(rs.rel_error(out, rs.reference([a for a, _ in parts[1]], [w for _, w in parts[0]], r)))
+    errors.append(rel_error(out, rs.reference([a for a, _ in parts[1]], [w for _, w in parts[0]], r)))
     counts += [len(run._bound), run._descs.made]
     with pytest.raises(ValueError, match="gemm-rs expects a, w, out of shapes"):
         run(parts[0][r][0], parts[0][r][1], outs[0].view(N, M // p))  # same address, another shape: checked again
@@ -202,7 +203,7 @@ def _mlp_rotation(ctx, M, H, F):
         out.fill_(float("nan"))
         run(x_full, w1, w2, out)
         run.check()
-        errors.append(ag.rel_error(out, mlp.reference(x_full.local, [w1], [w2])))
+        errors.append(rel_error(out, mlp.reference(x_full.local, [w1], [w2])))
     return errors, [len(run.ag._bound), len(run.rs._bound)]
 
 
@@ -236,7 +237,7 @@ def _direct_job(ctx):
             out.fill_(float("nan"))
             run(a_full, w, out)
             torch.cuda.synchronize()
-            errs.append((variant, ag.rel_error(out, ag.reference([a_full.local], w))))
+            errs.append((variant, rel_error(out, ag.reference([a_full.local], w))))
     modes = {b.mode for b, _ in runs["fused-push"]._bound._items.values()}
     rs_run = rs.make_variant(ctx, "fused-push", M, N, K, dtype, rs.Config())
     for i in range(3):
@@ -244,7 +245,7 @@ def _direct_job(ctx):
         out.fill_(float("nan"))
         rs_run(a, w, out)
         torch.cuda.synchronize()
-        errs.append(("gemm-rs", rs.rel_error(out, rs.reference([a], [w], 0))))
+        errs.append(("gemm-rs", rel_error(out, rs.reference([a], [w], 0))))
     modes |= {b.mode for bs in rs_run._bound._items.values() for b in bs}
     return errs, sorted(modes)
 

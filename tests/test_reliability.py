@@ -519,14 +519,14 @@ def test_ag_gemm_memory_estimate_covers_what_the_kernel_allocates(monkeypatch, v
 @pytest.mark.parametrize("variant", ["bsp", "fused-push"])
 def test_flash_decode_memory_estimate_covers_what_the_kernel_allocates(monkeypatch, variant):
     from taxes.kernels import flash_decode as fd
+    from taxes.kernels.decode_local import Config
 
     B, Hq, Hkv, D, S, p = 2, 16, 2, 64, 512, 2
     ctx = _FakeCtx(p)
     _count_private(monkeypatch, ctx)
-    cfg = fd.Config(splits=0)
-    fd.FlashDecode(ctx, B, Hq, Hkv, D, S, torch.bfloat16, variant, cfg)
+    fd.FlashDecode(ctx, B, Hq, Hkv, D, S, torch.bfloat16, variant, Config(splits=0))
     w = make_workload("flash-decode", {"B": B, "Hq": Hq, "Hkv": Hkv, "D": D, "S": S}, p)
-    monkeypatch.setattr(preflight, "SM_COUNT", 4)  # the CPU stand-in's SM count (kernels/flash_decode.py)
+    monkeypatch.setattr(preflight, "SM_COUNT", 4)  # the CPU stand-in's SM count (kernels/runtime.py)
     est = preflight.memory_breakdown(w, variant, check=False)
     monkeypatch.undo()
     assert ctx.heap._top <= est["symmetric heap"]

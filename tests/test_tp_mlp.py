@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from _util import assert_one_line, run_cli
 from taxes import results
+from taxes.cases import rel_error
 from taxes.errors import TaxesError
 from taxes.hardware import BUILTIN
 from taxes.kernels import ag_gemm as ag
@@ -120,7 +121,7 @@ def _job(ctx, variants, dtype_names, seed, calls=3, gpu_like_bf16=True, mutate=F
                     assert run(x_full, w1, w2, out) is out
                 if hasattr(run, "check"):
                     run.check()
-                errs.append(ag.rel_error(out, _layer_f32(parts, r)))
+                errs.append(rel_error(out, _layer_f32(parts, r)))
             errors[(dtype_name, variant)] = errs
             ctx.barrier()  # ranks reuse heap memory only after everyone is done with this runner
             ctx.heap.reset()

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import triton
 
 from taxes.calibrate.plan import COMBINE_SETS, READ_CONFIGS, Plan, matmul_shapes
+from taxes.cases import rel_error
 from taxes.harness import device_batch_us, device_calls_us
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels.flash_decode import combine_kernel
@@ -185,7 +186,7 @@ def measure_triton_gemm(ctx, plan: Plan, cycles_per_us: float) -> dict:
     a, w, c = _matmul_inputs(n, torch.bfloat16, ctx.device, 7 + ctx.rank)
     cfg = ag.tuned_config(n, n, n, 1, "fused-pull")
     gemm = ag.PersistentGemm(ctx.device, cfg)
-    err = ag.rel_error(gemm(a, w, c.fill_(float("nan"))), a.float() @ w.float())
+    err = rel_error(gemm(a, w, c.fill_(float("nan"))), a.float() @ w.float())
     out = {"n": n, "flops": 2 * n ** 3, "rel_error": err, "tolerance": 1e-2, "config": str(cfg)}
     if not err <= 1e-2:
         out["us"] = []
