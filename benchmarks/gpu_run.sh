@@ -47,8 +47,8 @@ if [[ "$stages" == *" timeline "* ]]; then
 fi
 
 if [[ "$stages" == *" traces "* ]]; then
-    # the known answers of benchmarks/analyze_known_answers.py: host-bound programs recorded with --record timing
-    # (CUDA activity only), the chain with --record full (it needs tensors for locality); 20 plain and 20
+    # the known answers of benchmarks/analyze_known_answers.py: the host-bound Llama runs recorded with --record
+    # timing (cupti-python), the chain with --record full (it needs tensors for locality); 20 plain and 20
     # profiled steps each
     T="$OUT/traces"; mkdir -p "$T"
     run() {  # NAME SECONDS RECORD ARGS...
@@ -60,9 +60,11 @@ if [[ "$stages" == *" traces "* ]]; then
     HW=reports/calibration/$GPU-x1-calibrated.json
     run llama-forward 90 timing python3 benchmarks/programs/llama.py --mode forward --steps 50
     run llama-graph 90 timing python3 benchmarks/programs/llama.py --mode graph --steps 50
-    run llama-spin 90 timing python3 benchmarks/programs/llama.py --mode forward --steps 50 --spin-us 200
+    run llama-spin-alternate 90 timing python3 benchmarks/programs/llama.py --mode forward --steps 50 --spin-us 200 \
+        --spin-every 2
     run chain-eager 60 full python3 benchmarks/programs/chain.py --mode eager --steps 50
     run chain-compiled 120 full python3 benchmarks/programs/chain.py --mode compiled --steps 50
+    run llama-forward-full 90 full python3 benchmarks/programs/llama.py --mode forward --steps 50  # what full costs
     tar -czf "$OUT/traces.tar.gz" -C "$OUT" traces && rm -rf "$T"
     ls -la "$OUT"
 fi

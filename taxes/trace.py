@@ -51,6 +51,12 @@ def run(command: list[str], out_dir: str, steps: int = 5, plain: int = 5, skip: 
         raise TaxesError(f"trace: {command[0]!r}: no such program")
     if record not in RECORDS:
         raise TaxesError(f"trace: --record {record!r}: use {' or '.join(RECORDS)}")
+    if record == "timing":
+        from taxes.cupti import available
+
+        why = available()
+        if why:
+            raise TaxesError(f"trace: --record timing records with cupti-python on a CUDA machine: {why}")
     if steps < 1 or plain < 0 or skip < 0:
         raise TaxesError("trace: --steps must be at least 1, --plain and --skip at least 0")
     if signal != "auto" and signal != "optimizer" and signal != "taxes" and not signal.startswith("nvtx:"):

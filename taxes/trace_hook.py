@@ -12,10 +12,10 @@ What the profiler records (TAXES_TRACE_RECORD):
 - full: CPU and CUDA activities, shapes, memory and the execution trace, so analyze can name the ops and
   follow tensors (locality). Recording every op costs host time: a program whose host is the bottleneck
   (eager decoding, small batches) runs slower under it, and the measurement cost row says by how much.
-- timing: CUDA activities only (kernels, copies and the runtime calls that launched them), the cheapest
-  record CUPTI gives; torch.profiler marks no steps without CPU activity, so each step boundary launches a
-  marker (torch.cuda._sleep(1), one near-empty kernel) whose launch time becomes a ProfilerStep#N range in
-  the written trace, and the markers are then removed from it. No op names, shapes or tensors: no locality.
+- timing: cupti-python's activity records alone (kernels, copies and memsets, and the launch, graph-launch
+  and synchronisation calls), with the step boundaries stamped on CUPTI's clock, written as a Kineto trace
+  (taxes.cupti_trace). torch.profiler, even with CUDA activity only, calls back on every op to correlate
+  it; this does not, so a host-bound program keeps its pace. No op names, shapes or tensors: no locality.
 """
 
 from __future__ import annotations
@@ -71,31 +71,33 @@ def step() -> None:
     if n == skip + plain:  # the plain steps are done: profile the next ones
         _start_profiler()
     elif _STATE["prof"] is not None:
-        _step_marker()  # before prof.step(): the last boundary must still fall inside the recorded cycle
         _STATE["prof"].step()
         if n >= skip + plain + steps:
             finish()
 
 
 def _start_profiler() -> None:
-    """torch.profiler with CPU and CUDA activities, shapes and memory events, and, where this PyTorch has
-    it, the execution trace (every op's input and output tensors by storage id: what analyze follows to
-    find producer -> consumer pairs) in rank<R>.et.json, beside the trace where `taxes analyze` looks."""
+    """Record mode full: torch.profiler with CPU and CUDA activities, shapes and memory events, and, where
+    this PyTorch has it, the execution trace (every op's input and output tensors by storage id: what analyze
+    follows to find producer -> consumer pairs) in rank<R>.et.json, beside the trace where `taxes analyze`
+    looks. Record mode timing: cupti-python (_CuptiCycle)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     cfg = _STATE["cfg"]
     timing = cfg["record"] == "timing" and torch.cuda.is_available()
-    acts = [ProfilerActivity.CUDA] if timing else [ProfilerActivity.CPU]
-    if torch.cuda.is_available() and not timing:
+    if timing:
+        _STATE["prof"] = _CuptiCycle()
+        return
+    acts = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
         acts.append(ProfilerActivity.CUDA)
-    kwargs = {} if timing else {"record_shapes": True, "profile_memory": True}
+    kwargs = {"record_shapes": True, "profile_memory": True}
     try:
         from torch.profiler import ExecutionTraceObserver
 
-        if not timing:
-            kwargs["execution_trace_observer"] = ExecutionTraceObserver().register_callback(
-                os.path.join(cfg["dir"], f"rank{cfg['rank']}.et.json"))
+        kwargs["execution_trace_observer"] = ExecutionTraceObserver().register_callback(
+            os.path.join(cfg["dir"], f"rank{cfg['rank']}.et.json"))
     except Exception:  # an older PyTorch: shapes only
         pass
     from torch.profiler import schedule
@@ -111,44 +113,36 @@ def _start_profiler() -> None:
     triton = sys.modules.get("triton")
     if triton is not None:
         prof.add_metadata("triton_version", str(getattr(triton, "__version__", "")))
-    prof.add_metadata("taxes_trace_record", "timing" if timing else "full")
+    prof.add_metadata("taxes_trace_record", "full")
     _STATE["prof"] = prof
-    _STATE["markers"] = 0
-    _step_marker()
 
 
-MARKER = "spin_kernel"  # the kernel torch.cuda._sleep launches
+class _CuptiCycle:
+    """The profiled steps in timing mode: cupti-python records from here, a boundary stamp at each step."""
 
+    def __init__(self):
+        from taxes.cupti import Recorder
 
-def _step_marker() -> None:
-    """In timing mode, a step boundary the trace can show: one near-empty kernel launched now."""
-    if _STATE["cfg"]["record"] != "timing":
-        return
-    import torch
+        self.rec = Recorder(api="all").start()
+        self.bounds = [self.rec.now_us()]
 
-    if torch.cuda.is_available():
-        torch.cuda._sleep(1)
-        _STATE["markers"] = _STATE.get("markers", 0) + 1
+    def step(self) -> None:
+        self.bounds.append(self.rec.now_us())
 
+    def write(self, path: str, rank: int) -> None:
+        import torch
 
-def mark_steps(doc: dict, expected: int) -> str | None:
-    """Turn the boundary markers of a timing-mode trace into ProfilerStep#N ranges on the host (from each
-    marker's launch call to the next one's) and remove the markers and their launch calls. Returns why not,
-    when the markers found are not the ones launched (the trace is then left as it is)."""
-    events = doc.get("traceEvents") or []
-    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel" and MARKER in str(e.get("name"))]
-    corr = {(e.get("args") or {}).get("correlation") for e in kernels}
-    calls = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
-                    and (e.get("args") or {}).get("correlation") in corr), key=lambda e: e["ts"])
-    if len(kernels) != expected or len(calls) != expected or None in corr:
-        return f"{len(kernels)} step markers in the trace, {expected} launched"
-    drop = {id(e) for e in kernels + calls}
-    kept = [e for e in events if id(e) not in drop and not (e.get("ph") in ("s", "f") and e.get("id") in corr)]
-    for i, (a, b) in enumerate(zip(calls, calls[1:])):
-        kept.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": a["pid"], "tid": a["tid"],
-                     "ts": a["ts"], "dur": b["ts"] - a["ts"], "args": {"source": "taxes trace step marker"}})
-    doc["traceEvents"] = kept
-    return None
+        from taxes.cupti_trace import to_kineto
+
+        torch.cuda.synchronize()  # the last step's device work has its records before the flush
+        acts, calls, _ = self.rec.stop()
+        triton = sys.modules.get("triton")
+        meta = {"pid": os.getpid(), "device": torch.cuda.current_device(), "rank": rank,
+                "gpu": torch.cuda.get_device_name(), "world_size": int(os.environ.get("WORLD_SIZE", "0") or 0),
+                "torch_version": str(torch.__version__),
+                "triton_version": str(getattr(triton, "__version__", "")) if triton else None}
+        with open(path, "w") as f:
+            json.dump(to_kineto(acts, calls, self.bounds, meta), f)
 
 
 def finish() -> None:
@@ -173,18 +167,12 @@ def finish() -> None:
     prof = _STATE.get("prof")
     if prof is not None:
         tmp = os.path.join(cfg["dir"], f"rank{rank}.json")
-        prof.__exit__(None, None, None)  # saves the cycle if it was not complete
-        if not os.path.exists(tmp):
-            prof.export_chrome_trace(tmp)
-        if cfg["record"] == "timing" and _STATE.get("markers"):
-            with open(tmp) as f:
-                doc = json.load(f)
-            why = mark_steps(doc, _STATE["markers"])
-            if why:
-                print(f"[taxes trace] rank {rank}: steps not marked ({why})", file=sys.stderr, flush=True)
-            else:
-                with open(tmp, "w") as f:
-                    json.dump(doc, f)
+        if isinstance(prof, _CuptiCycle):
+            prof.write(tmp, rank)
+        else:
+            prof.__exit__(None, None, None)  # saves the cycle if it was not complete
+            if not os.path.exists(tmp):
+                prof.export_chrome_trace(tmp)
         import gzip
         import shutil
 

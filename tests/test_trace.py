@@ -102,55 +102,64 @@ def test_trace_hands_its_plain_step_times_and_hardware_to_the_analysis(tmp_path,
     assert v["measurement_cost_us"] == pytest.approx(v["attributed_e2e_us"] - iqm)
 
 
-def _timing_trace(spins_us, kernel_us=50.0, launches=4):
-    """A timing-mode trace (CUDA activity only, no CPU ops). Each step starts with a boundary marker
-    (torch.cuda._sleep's spin_kernel, launched at the boundary), then the host is elsewhere for spins_us[i],
-    then it launches `launches` kernels back to back (1 us calls; the first starts 4 us after its call, the
-    rest queue behind it); the next boundary comes when the last kernel ends."""
-    from kineto_build import add_launch, new_trace
+def _timing_recording(spins_us, kernel_us=50.0, launches=4):
+    """What a timing-mode recording holds (taxes.cupti.Recorder's frames and the step boundaries) for steps
+    in which the host is elsewhere for spins_us[i] after the step begins, then launches `launches` kernels
+    back to back (1 us calls; the first starts 4 us after its call, the rest queue behind it); the next
+    step begins when the last kernel ends."""
+    import pandas as pd
 
-    tr = new_trace(rank=0, world=1, distributed=False)
-    t, boundaries = 0.0, []
-    for spin in list(spins_us) + [None]:
-        boundaries.append(t)
-        add_launch(tr, t, [("at::cuda::(anonymous namespace)::spin_kernel(long)", 7, t + 4, t + 5)])
-        if spin is None:
-            break
-        t += 5.0 + spin
+    acts, calls, bounds, t, corr = [], [], [], 0.0, 1
+    for spin in spins_us:
+        bounds.append(t)
+        t += spin
         first = t + 4.0
         for i in range(launches):
-            add_launch(tr, t + i, [("gemm_kernel", 7, first + i * kernel_us, first + (i + 1) * kernel_us)], dur=1.0)
+            calls.append(("cudaLaunchKernel", "launch", t + i, t + i + 1.0, corr, 4321))
+            acts.append(("gemm_kernel", "kernel", 7, first + i * kernel_us, first + (i + 1) * kernel_us, corr, -1, "", 0))
+            corr += 1
         t = first + launches * kernel_us
-    return tr, boundaries
+    bounds.append(t)
+    return (pd.DataFrame(acts, columns=["name", "kind", "stream", "start_us", "end_us", "correlation", "graph", "comm",
+                                        "bytes"]),
+            pd.DataFrame(calls, columns=["name", "kind", "start_us", "end_us", "correlation", "tid"]), bounds)
 
 
-def test_timing_mode_markers_become_step_ranges_and_the_planted_host_time_is_host_bound(tmp_path):
-    """The hook's marker handling on a built trace: the markers become ProfilerStep#N ranges from one marker's
-    launch to the next and leave the trace; analyze then finds those steps, and the host time planted before
-    each step's first launch comes back as host-bound."""
-    from kineto_build import write_trace
+def test_a_timing_recording_is_a_trace_analyze_reads_and_the_planted_host_time_is_host_bound(tmp_path):
+    """taxes.cupti_trace writes a timing-mode recording as a Kineto trace: its steps are the stamped
+    boundaries, and the host time planted before each step's first launch comes back as host-bound."""
+    import gzip
 
     from taxes import analyze as A
-    from taxes.trace_hook import mark_steps
+    from taxes.cupti_trace import to_kineto
 
     spins = [300.0, 120.0, 500.0, 80.0, 200.0]
-    tr, bounds = _timing_trace(spins)
-    assert mark_steps(tr["doc"], len(spins) + 2) is not None  # not the markers launched: left alone
-    assert mark_steps(tr["doc"], len(spins) + 1) is None
-    events = tr["doc"]["traceEvents"]
-    assert not [e for e in events if "spin_kernel" in str(e.get("name"))]
-    steps = sorted((e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
-    t0 = min(e["ts"] for e in steps)
-    assert [round(e["ts"] - t0, 6) for e in steps] == [round(b - bounds[0], 6) for b in bounds[:-1]]
-    assert [round(e["dur"], 6) for e in steps] == [round(b - a, 6) for a, b in zip(bounds, bounds[1:])]
-    path = write_trace(tr, tmp_path / "rank0.json.gz")
-    an = A.analyze([str(path)], "h100-sxm")
+    acts, calls, bounds = _timing_recording(spins)
+    doc = to_kineto(acts, calls, bounds, {"pid": 99, "device": 0, "gpu": "NVIDIA H100 80GB HBM3", "rank": 0})
+    steps = sorted((e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")),
+                   key=lambda e: e["ts"])
+    assert [(e["ts"], e["ts"] + e["dur"]) for e in steps] == list(zip(bounds, bounds[1:]))
+    assert {e["tid"] for e in steps} == {4321}  # on the thread that launched
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    an = A.analyze([str(path)])  # the GPU name selects the profile
+    assert an.hardware == "h100-sxm"
     d = an.decomposition.set_index("step").sort_index()
     assert len(d) == len(spins)
     # each step's host-bound time: the host's time elsewhere from the step's start to its first launch (the
-    # planted spin plus the marker's 5 us, which the trace no longer shows); its launch tax: the first
-    # kernel's 4 us launch latency (the others were queued behind it)
+    # planted spin); its launch tax: the first kernel's 4 us launch latency (the others queued behind it)
     for (step, row), spin in zip(d.iterrows(), spins):
-        assert row["host_bound"] == pytest.approx(spin + 5.0, rel=0.02), step
+        assert row["host_bound"] == pytest.approx(spin, rel=0.02), step
         assert row["launch"] == pytest.approx(4.0, abs=0.2), step
         assert row["compute"] == pytest.approx(4 * 50.0, rel=0.01)
+
+
+def test_timing_mode_without_cupti_is_one_line(tmp_path):
+    from taxes.cupti import available
+
+    if available() is None:
+        pytest.skip("cupti-python records here")
+    r = subprocess.run([sys.executable, "-m", "taxes.cli.main", "trace", "--out", str(tmp_path / "o"), "--record",
+                        "timing", "--", sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--record timing records with cupti-python" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

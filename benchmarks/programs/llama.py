@@ -4,6 +4,7 @@
     python benchmarks/programs/llama.py --mode forward            # eager forward of 64 tokens per step
     python benchmarks/programs/llama.py --mode graph              # the same forward replayed from a CUDA graph
     python benchmarks/programs/llama.py --mode forward --spin-us 50   # + a host spin before every decoder layer
+    python benchmarks/programs/llama.py --mode forward --spin-us 200 --spin-every 2   # ... in every other step
     python benchmarks/programs/llama.py --mode train              # forward, backward, AdamW step
 
 Every step ends with taxes.step() (train: optimizer.step() ends it). Prints the plain step time of the last
@@ -36,6 +37,8 @@ def main():
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--spin-us", type=float, default=0.0)
+    ap.add_argument("--spin-every", type=int, default=1,
+                    help="spin in step i only when i %% N == N - 1 (0-based): 2 spins in the odd steps")
     args = ap.parse_args()
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -47,10 +50,14 @@ def main():
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(dev, dtype)
     ids = torch.randint(0, cfg.vocab_size, (1, args.tokens), device=dev)
-    spins = []
+    spins, step_no = [], [0]
     if args.spin_us:
+        def pre_hook(*a):
+            if step_no[0] % args.spin_every == args.spin_every - 1:
+                spins.append(spin_us(args.spin_us))
+
         for layer in model.model.layers:
-            layer.register_forward_pre_hook(lambda *a: spins.append(spin_us(args.spin_us)))
+            layer.register_forward_pre_hook(pre_hook)
     times = []
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     if args.mode == "train":
@@ -86,9 +93,12 @@ def main():
                 taxes.step()
                 sync()
                 times.append((time.perf_counter() - t0) * 1e6)
+                step_no[0] += 1
     tail = times[len(times) // 2:]
     print(f"llama {args.mode}: host-timed step {statistics.median(tail):.1f} us (median of the last {len(tail)})"
-          + (f"; spins {statistics.median(spins):.1f} us x {len(model.model.layers)} per step" if spins else ""))
+          + (f"; spins {statistics.median(spins):.1f} us x {len(model.model.layers)} per step"
+             + (f", in every step i with i % {args.spin_every} == {args.spin_every - 1}" if args.spin_every > 1 else "")
+             if spins else ""))
 
 
 if __name__ == "__main__":

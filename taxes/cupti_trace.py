@@ -1,0 +1,43 @@
+"""A cupti-python recording written as a Kineto (torch.profiler) trace, so that `taxes analyze` reads it
+like any other: `taxes trace --record timing` records the profiled steps this way.
+
+Kernels, copies and memsets become device events (with their launch's correlation id; a graph replay's
+kernels carry the graph launch's), the launch, graph-launch and synchronisation calls runtime or driver
+events, and the host's step boundaries (stamped on CUPTI's clock) ProfilerStep#N ranges on the thread that
+launched most. Times are us from the recording's origin (relative timestamps, as Kineto writes them)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+_DEVICE_CAT = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
+
+
+def to_kineto(acts: pd.DataFrame, calls: pd.DataFrame, bounds_us: list[float], meta: dict) -> dict:
+    """acts, calls: taxes.cupti.Recorder.stop()'s frames; bounds_us: the step boundaries (n + 1 for n steps);
+    meta: device (index), gpu (name), pid, rank, world_size, and versions (torch_version, ...)."""
+    pid, dev = int(meta.get("pid", 1)), int(meta.get("device", 0))
+    events = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python"}}]
+    for a in acts.itertuples(index=False):
+        events.append({"ph": "X", "cat": _DEVICE_CAT.get(a.kind, "kernel"), "name": str(a.name), "pid": dev,
+                       "tid": int(a.stream), "ts": float(a.start_us), "dur": float(a.end_us - a.start_us),
+                       "args": {"device": dev, "stream": int(a.stream), "correlation": int(a.correlation)}})
+    for c in calls.itertuples(index=False):
+        driver = str(c.name).startswith("cu") and not str(c.name).startswith("cuda")
+        events.append({"ph": "X", "cat": "cuda_driver" if driver else "cuda_runtime", "name": str(c.name), "pid": pid,
+                       "tid": int(c.tid), "ts": float(c.start_us), "dur": float(c.end_us - c.start_us),
+                       "args": {"correlation": int(c.correlation)}})
+    tid = int(calls["tid"].mode().iloc[0]) if len(calls) else 0
+    for i, (a, b) in enumerate(zip(bounds_us, bounds_us[1:])):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": pid, "tid": tid,
+                       "ts": float(a), "dur": float(b - a), "args": {}})
+    doc = {"schemaVersion": 1, "traceEvents": events, "displayTimeUnit": "ms",
+           "deviceProperties": [{"id": dev, "name": str(meta.get("gpu", ""))}],
+           "taxes_trace_record": "timing"}
+    if meta.get("world_size"):
+        doc["distributedInfo"] = {"rank": int(meta.get("rank", 0)), "world_size": int(meta["world_size"]),
+                                  "backend": str(meta.get("backend", "nccl"))}
+    for key in ("torch_version", "triton_version", "cuda_runtime_version"):
+        if meta.get(key) is not None:
+            doc[key] = meta[key]
+    return doc
