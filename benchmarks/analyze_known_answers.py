@@ -4,16 +4,18 @@ each paired with a twin that removes one tax; the twin's measured E2E says how l
 analysis of the program's own trace must find it.
 
     case             tax          expected (measured, no profiler)              recovered (the analysis' rows)
-    llama graph twin launch       plain E2E(forward) - plain E2E(graph)         launch + host_bound + sync of forward
-                                                                                minus those + graph_gaps of graph
+    llama graph twin launch       plain E2E(eager steps)                        launch + host_bound + sync of the eager
+                                  - plain E2E(graph steps), one run             steps minus those + graph_gaps of the
+                                                                                graph steps
     llama host spin  host_bound   plain E2E(steps with the spin)                host_bound(steps with the spin)
                                   - plain E2E(steps without), one run           - host_bound(steps without)
     chain fused twin locality     plain E2E(eager) - plain E2E(compiled)        locality(eager) - locality(compiled)
 
 Plain E2E: the interquartile mean of the steps timed without the profiler (CUDA events at step ends);
-rows: the analysis' interquartile-mean rows over the profiled steps. The spin runs in every other step of
-one run (llama.py --spin-every 2), so the steps with and without it share the process, its hooks and the
-machine's state; program step i is plain step i - skip - 1 and profiled step i - skip - plain - 1 (the hook's
+rows: the analysis' interquartile-mean rows over the profiled steps. The twins run in alternate steps of one
+run (llama.py --mode alternate: eager in even steps, the graph in odd ones; --spin-every 2: the spin in odd
+steps), so both kinds share the process and the machine's state (separate runs of the same eager forward
+differ by more than the tolerance); program step i is plain step i - skip - 1 and profiled step i - skip - plain - 1 (the hook's
 schedule, taxes.trace_hook). Each case passes within 15%.
 
     python benchmarks/analyze_known_answers.py TRACES_DIR --hardware reports/calibration/h100-x1-calibrated.json \\
@@ -50,27 +52,30 @@ def rows_of(run_dir: Path, hardware: str) -> dict:
             "plain_steps": len(next(iter(plain.values()))), "program_says": _program_line(log)}
 
 
-def spin_pair(run_dir: Path, hardware: str, skip: int, plain: int, every: int = 2) -> tuple[float, float, dict]:
-    """(expected, recovered, details) for a run that spun in program steps i % every == every - 1."""
+def paired(run_dir: Path, hardware: str, skip: int, plain: int, on) -> dict:
+    """One run whose program steps i alternate (on(i) or not): the plain step times and the analysis' per-step
+    rows of each kind (flagged steps left out)."""
     traces = sorted(str(p) for p in run_dir.glob("rank*.json.gz") if not p.name.endswith(".et.json.gz"))
     plain_us = A.read_plain(run_dir / "plain.json")
     an = A.analyze(traces, hardware, plain_steps=plain_us)
-    spun = lambda i: i % every == every - 1  # noqa: E731
     p = list(next(iter(plain_us.values())))
-    p_on = [x for k, x in enumerate(p) if spun(skip + k + 1)]
-    p_off = [x for k, x in enumerate(p) if not spun(skip + k + 1)]
     d = an.decomposition
     d = d[d["flag"].fillna("") == ""] if "flag" in d else d
-    on = d[[spun(skip + plain + 1 + int(s)) for s in d["step"]]]
-    off = d[[not spun(skip + plain + 1 + int(s)) for s in d["step"]]]
-    expected = _iqm(p_on) - _iqm(p_off)
-    recovered = _iqm(on["host_bound"]) - _iqm(off["host_bound"])
-    return expected, recovered, {
-        "plain_steps_with": len(p_on), "plain_steps_without": len(p_off), "profiled_steps_with": len(on),
-        "profiled_steps_without": len(off), "plain_with_us": _iqm(p_on), "plain_without_us": _iqm(p_off),
-        "host_bound_with_us": _iqm(on["host_bound"]), "host_bound_without_us": _iqm(off["host_bound"]),
-        "span_with_us": _iqm(on["span_us"]), "span_without_us": _iqm(off["span_us"]),
-        "program_says": _program_line(run_dir.with_suffix(".log"))}
+    is_on = [bool(on(skip + plain + 1 + int(s))) for s in d["step"]]
+    return {"plain_on": [x for k, x in enumerate(p) if on(skip + k + 1)],
+            "plain_off": [x for k, x in enumerate(p) if not on(skip + k + 1)],
+            "rows_on": d[is_on], "rows_off": d[[not x for x in is_on]],
+            "program_says": _program_line(run_dir.with_suffix(".log"))}
+
+
+def _summary(pr: dict, rows: tuple) -> dict:
+    on, off = pr["rows_on"], pr["rows_off"]
+    return {"plain_steps": [len(pr["plain_on"]), len(pr["plain_off"])],
+            "profiled_steps": [len(on), len(off)],
+            "plain_us": [_iqm(pr["plain_on"]), _iqm(pr["plain_off"])],
+            "profiled_span_us": [_iqm(on["span_us"]), _iqm(off["span_us"])],
+            "rows_us": {r: [_iqm(on[r]), _iqm(off[r])] for r in rows},
+            "program_says": pr["program_says"]}
 
 
 def _iqm(values) -> float:
@@ -104,42 +109,58 @@ def main() -> int:
     ap.add_argument("-o", "--output", default="-")
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args()
-    need = ("llama-forward", "llama-graph", "llama-spin-alternate", "chain-eager", "chain-compiled")
+    need = ("llama-alternate", "llama-spin-alternate", "chain-eager", "chain-compiled")
     missing = [n for n in need if not (args.traces / n).is_dir()]
     if missing:
         print(f"analyze_known_answers: {args.traces}: no run {', '.join(missing)}", file=sys.stderr)
         return 2
-    r = {n: rows_of(args.traces / n, args.hardware) for n in need if n != "llama-spin-alternate"}
-    spin_expected, spin_recovered, spin_runs = spin_pair(args.traces / "llama-spin-alternate", args.hardware,
-                                                         args.skip, args.plain)
-
-    def host(n, extra=()):
-        return sum(r[n]["rows"].get(k, 0.0) for k in HOST_ROWS + tuple(extra))
+    r = {n: rows_of(args.traces / n, args.hardware) for n in ("chain-eager", "chain-compiled")}
+    launch = paired(args.traces / "llama-alternate", args.hardware, args.skip, args.plain, lambda i: i % 2 == 0)
+    spin = paired(args.traces / "llama-spin-alternate", args.hardware, args.skip, args.plain, lambda i: i % 2 == 1)
+    host_eager = launch["rows_on"][list(HOST_ROWS)].sum(axis=1)
+    host_graph = launch["rows_off"][list(HOST_ROWS) + ["graph_gaps"]].sum(axis=1)
 
     out = [
-        case("llama forward, eager against its CUDA-graph twin", "launch",
-             r["llama-forward"]["plain_us"] - r["llama-graph"]["plain_us"],
-             host("llama-forward") - host("llama-graph", ("graph_gaps",)),
-             {k: r[k] for k in ("llama-forward", "llama-graph")},
-             "expected: plain E2E(eager) - plain E2E(graph); recovered: launch + host_bound + sync of the eager "
-             "trace minus launch + host_bound + sync + graph_gaps of the graph trace"),
+        case("llama forward, eager steps against CUDA-graph steps of the same model in one run", "launch",
+             _iqm(launch["plain_on"]) - _iqm(launch["plain_off"]), _iqm(host_eager) - _iqm(host_graph),
+             {"llama-alternate": _summary(launch, HOST_ROWS + ("graph_gaps", "compute"))},
+             "expected: plain E2E of the eager steps - of the graph steps; recovered: launch + host_bound + sync of "
+             "the eager steps - launch + host_bound + sync + graph_gaps of the graph steps (lists: [eager, graph])"),
         case("llama forward with a host spin before every decoder layer, in every other step", "host_bound",
-             spin_expected, spin_recovered, {"llama-spin-alternate": spin_runs},
+             _iqm(spin["plain_on"]) - _iqm(spin["plain_off"]),
+             _iqm(spin["rows_on"]["host_bound"]) - _iqm(spin["rows_off"]["host_bound"]),
+             {"llama-spin-alternate": _summary(spin, HOST_ROWS + ("compute",))},
              "one run: expected: plain E2E of the steps with the spin - of those without; recovered: host_bound of "
-             "the profiled steps with the spin - of those without"),
+             "the profiled steps with the spin - of those without (lists: [with, without])"),
         case("elementwise chain, eager against torch.compile (one fused kernel)", "locality",
              r["chain-eager"]["plain_us"] - r["chain-compiled"]["plain_us"],
              r["chain-eager"]["rows"].get("locality", 0.0) - r["chain-compiled"]["rows"].get("locality", 0.0),
              {k: r[k] for k in ("chain-eager", "chain-compiled")},
              "expected: plain E2E(eager) - plain E2E(compiled); recovered: locality(eager) - locality(compiled)"),
     ]
+    cost = []  # what each record mode cost on the same eager forward: profiled against plain steps
+    for run, record in (("llama-forward", "timing"), ("llama-forward-full", "full")):
+        if (args.traces / run).is_dir():
+            x = rows_of(args.traces / run, args.hardware)
+            cost.append({"run": run, "record": record, "plain_us": x["plain_us"], "instrumented_us": x["instrumented_us"],
+                         "cost_pct": round(100 * x["measurement_cost_us"] / x["plain_us"], 1)})
+    for name, pr, labels in (("llama-alternate", launch, ("eager", "graph")),
+                             ("llama-spin-alternate", spin, ("with spin", "without"))):
+        for part, plain_steps, rows in ((labels[0], pr["plain_on"], pr["rows_on"]), (labels[1], pr["plain_off"], pr["rows_off"])):
+            p, q = _iqm(plain_steps), _iqm(rows["span_us"])
+            cost.append({"run": f"{name} ({part} steps)", "record": "timing", "plain_us": p, "instrumented_us": q,
+                         "cost_pct": round(100 * (q - p) / p, 1)})
     meta = collect()
     doc = {"metadata": {"kind": "known-answer-analyze", "hardware_profile": args.hardware,
-                        "statistic": "interquartile mean over steps", **meta}, "cases": out}
+                        "statistic": "interquartile mean over steps", **meta}, "cases": out,
+           "measurement_cost": cost}
     write_output(args.output, json.dumps(doc, indent=1) + "\n", args.force)
     for c in out:
         print(f"{c['tax']:<11} expected {c['expected_us']:>9.1f} us  recovered {c['recovered_us']:>9.1f} us  "
               f"{100 * c['error']:+6.1f}%  {'ok' if c['ok'] else 'MISSED'}", file=sys.stderr)
+    for c in cost:
+        print(f"measuring ({c['record']}) {c['run']}: plain {c['plain_us']:.1f} us, profiled {c['instrumented_us']:.1f} us,"
+              f" {c['cost_pct']:+.1f}%", file=sys.stderr)
     return 0 if all(c["ok"] for c in out) else 1
 
 

@@ -58,8 +58,8 @@ if [[ "$stages" == *" traces "* ]]; then
         echo "$name: exit $? $(grep -E '^llama|^chain|traced|error' "$T/$name.log" | tr '\n' ' ')"
     }
     HW=reports/calibration/$GPU-x1-calibrated.json
+    run llama-alternate 90 timing python3 benchmarks/programs/llama.py --mode alternate --steps 50
     run llama-forward 90 timing python3 benchmarks/programs/llama.py --mode forward --steps 50
-    run llama-graph 90 timing python3 benchmarks/programs/llama.py --mode graph --steps 50
     run llama-spin-alternate 90 timing python3 benchmarks/programs/llama.py --mode forward --steps 50 --spin-us 200 \
         --spin-every 2
     run chain-eager 60 full python3 benchmarks/programs/chain.py --mode eager --steps 50

@@ -3,6 +3,7 @@
 
     python benchmarks/programs/llama.py --mode forward            # eager forward of 64 tokens per step
     python benchmarks/programs/llama.py --mode graph              # the same forward replayed from a CUDA graph
+    python benchmarks/programs/llama.py --mode alternate          # eager in even steps, the graph in odd ones
     python benchmarks/programs/llama.py --mode forward --spin-us 50   # + a host spin before every decoder layer
     python benchmarks/programs/llama.py --mode forward --spin-us 200 --spin-every 2   # ... in every other step
     python benchmarks/programs/llama.py --mode train              # forward, backward, AdamW step
@@ -31,7 +32,7 @@ def spin_us(us: float) -> float:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=("forward", "graph", "train"), default="forward")
+    ap.add_argument("--mode", choices=("forward", "graph", "alternate", "train"), default="forward")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--layers", type=int, default=8)
@@ -73,8 +74,8 @@ def main():
             times.append((time.perf_counter() - t0) * 1e6)
     else:
         model.eval()
-        run = lambda: model(ids).logits  # noqa: E731
-        if args.mode == "graph":
+        eager = run = lambda: model(ids).logits  # noqa: E731
+        if args.mode in ("graph", "alternate"):
             with torch.no_grad():
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())
@@ -87,9 +88,9 @@ def main():
                     run()
             run = g.replay
         with torch.no_grad():
-            for _ in range(args.steps):
+            for i in range(args.steps):
                 t0 = time.perf_counter()
-                run()
+                (eager if args.mode == "alternate" and i % 2 == 0 else run)()
                 taxes.step()
                 sync()
                 times.append((time.perf_counter() - t0) * 1e6)
