@@ -86,6 +86,14 @@ def _iqm(values) -> float:
     return sum(rest) / len(rest)
 
 
+def recorded_at(run_dir: Path) -> str | None:
+    """The commit that recorded a run (the report `taxes trace` wrote beside its traces)."""
+    try:
+        return json.loads((run_dir / "report.json").read_text())["metadata"].get("git_commit")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _program_line(log: Path) -> str | None:
     if not log.exists():
         return None
@@ -151,8 +159,10 @@ def main() -> int:
             cost.append({"run": f"{name} ({part} steps)", "record": "timing", "plain_us": p, "instrumented_us": q,
                          "cost_pct": round(100 * (q - p) / p, 1)})
     meta = collect()
+    recorded = sorted({c for n in need if (c := recorded_at(args.traces / n))})
     doc = {"metadata": {"kind": "known-answer-analyze", "hardware_profile": args.hardware,
-                        "statistic": "interquartile mean over steps", **meta}, "cases": out,
+                        "statistic": "interquartile mean over steps", "traces_recorded_by": recorded, **meta},
+           "cases": out,
            "measurement_cost": cost}
     write_output(args.output, json.dumps(doc, indent=1) + "\n", args.force)
     for c in out:
