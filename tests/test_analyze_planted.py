@@ -281,3 +281,24 @@ def test_the_gap_after_a_host_synchronisation_is_sync(tmp_path):
     close(r["sync"], 2.0 + CALL + API + LAT)  # the device idled from the drain until the refill arrived
     assert r["launch"] == pytest.approx(CALL + API + LAT, abs=1e-6)  # the first kernel's launch path only
     adds_up(an)
+
+
+def test_a_real_unfused_chain_pays_the_locality_its_fused_twin_does_not():
+    """Recorded on one H100 (tests/data/traces/README.md): the eager chain's locality row, from the execution
+    trace's tensor ids, recovers the plain E2E difference to its torch.compile twin within 15%, and the
+    fused twin has no locality row."""
+    from pathlib import Path
+
+    chain = Path(__file__).parent / "data" / "traces" / "chain"
+    docs = {}
+    for mode in ("eager", "compiled"):
+        d = chain / mode
+        an = A.analyze([str(d / "rank0.json.gz")], "h100-sxm", plain_steps=A.read_plain(d / "plain.json"))
+        docs[mode] = A.analysis_document(an)["cases"][0]["variants"][0]
+    rows = {m: {c["name"]: c["value_us"] for c in v["components"] if c["rank"] is None} for m, v in docs.items()}
+    truth = docs["eager"]["plain_e2e_us"] - docs["compiled"]["plain_e2e_us"]
+    assert truth > 300  # 1 GiB more traffic: the round trip of y
+    assert rows["eager"]["locality"] == pytest.approx(truth, rel=0.15)
+    assert abs(rows["compiled"].get("locality", 0.0)) < 0.02 * truth
+    for v in docs.values():  # full record on a device-bound program: measuring cost under 3%
+        assert abs(v["measurement_cost_us"]) < 0.03 * v["plain_e2e_us"]
