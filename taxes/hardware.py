@@ -159,6 +159,21 @@ MI300X = HardwareProfile(
     p2p_efficiency=0.60,  # assumed
 )
 
+# What the datasheet NVIDIA profiles below (A100, H800, B200) take from the H100 and H200 we measured, for
+# want of their own measurements: latencies, launch costs and the efficiencies no datasheet states.
+NVIDIA_ASSUMED = dict(
+    link_latency_us=2.0,  # assumed, as for H100
+    collective_base_us=27.0,  # assumed, as measured for H100/H200
+    launch_eager_us=20.0,  # assumed, as measured for H100/H200
+    launch_graph_us=0.9,  # assumed, as measured for H100/H200
+    flag_round_trip_us=5.0,  # assumed
+    kernel_floor_us=2.0,  # assumed
+    rank_skew_us=5.0,  # assumed
+    hbm_efficiency=0.90,  # assumed, as measured for H100
+    collective_efficiency=0.63,  # assumed, as measured for H200
+    p2p_efficiency=0.70,  # assumed, as measured for H200
+)
+
 # NVIDIA A100 Tensor Core GPU datasheet (2021), SXM4 80GB: BF16/FP16 tensor 312 TFLOPS dense (624 with
 # sparsity), HBM2e 2,039 GB/s, NVLink 3 600 GB/s bidirectional (300 GB/s each way); 108 SMs (A100 whitepaper).
 A100_SXM = HardwareProfile(
@@ -170,18 +185,9 @@ A100_SXM = HardwareProfile(
     hbm_gbps=2039.0,
     peer_link_gbps=300.0,
     injection_gbps=300.0,
-    link_latency_us=2.0,  # assumed, as for H100
-    collective_base_us=27.0,  # assumed, as measured for H100/H200
-    launch_eager_us=20.0,  # assumed, as measured for H100/H200
-    launch_graph_us=0.9,  # assumed, as measured for H100/H200
-    flag_round_trip_us=5.0,  # assumed
-    kernel_floor_us=2.0,  # assumed
-    rank_skew_us=5.0,  # assumed
+    **NVIDIA_ASSUMED,
     matmul_efficiency=0.80,  # assumed, as measured for H100
     triton_matmul_efficiency=0.75,  # assumed
-    hbm_efficiency=0.90,  # assumed, as measured for H100
-    collective_efficiency=0.63,  # assumed, as measured for H200
-    p2p_efficiency=0.70,  # assumed, as measured for H200
 )
 
 # NVIDIA H800 SXM5 (the H100 die with NVLink limited to 400 GB/s bidirectional, 200 GB/s each way): BF16/FP16
@@ -195,18 +201,9 @@ H800_SXM = HardwareProfile(
     hbm_gbps=3350.0,
     peer_link_gbps=200.0,
     injection_gbps=200.0,
-    link_latency_us=2.0,  # assumed, as for H100
-    collective_base_us=27.0,  # assumed, as measured for H100/H200
-    launch_eager_us=20.0,  # assumed, as measured for H100/H200
-    launch_graph_us=0.9,  # assumed, as measured for H100/H200
-    flag_round_trip_us=5.0,  # assumed
-    kernel_floor_us=2.0,  # assumed
-    rank_skew_us=5.0,  # assumed
+    **NVIDIA_ASSUMED,
     matmul_efficiency=0.80,  # assumed, as measured for H100
     triton_matmul_efficiency=0.76,  # assumed, as for H100
-    hbm_efficiency=0.90,  # assumed, as measured for H100
-    collective_efficiency=0.63,  # assumed, as measured for H200
-    p2p_efficiency=0.70,  # assumed, as measured for H200
 )
 
 # NVIDIA DGX B200 datasheet (2024), per GPU (the system's figures / 8): FP16/BF16 tensor 4.5 PFLOPS with
@@ -221,18 +218,9 @@ B200 = HardwareProfile(
     hbm_gbps=8000.0,
     peer_link_gbps=900.0,
     injection_gbps=900.0,
-    link_latency_us=2.0,  # assumed, as for H100
-    collective_base_us=27.0,  # assumed, as measured for H100/H200
-    launch_eager_us=20.0,  # assumed, as measured for H100/H200
-    launch_graph_us=0.9,  # assumed, as measured for H100/H200
-    flag_round_trip_us=5.0,  # assumed
-    kernel_floor_us=2.0,  # assumed
-    rank_skew_us=5.0,  # assumed
+    **NVIDIA_ASSUMED,
     matmul_efficiency=0.75,  # assumed
     triton_matmul_efficiency=0.70,  # assumed
-    hbm_efficiency=0.90,  # assumed, as measured for H100
-    collective_efficiency=0.63,  # assumed, as measured for H200
-    p2p_efficiency=0.70,  # assumed, as measured for H200
 )
 
 BUILTIN = {p.name: p for p in (A100_SXM, H100_SXM, H800_SXM, H200_SXM, B200, MI300X)}
