@@ -1,19 +1,13 @@
-"""taxes: a profiler and analytical cost model for the three multi-GPU performance taxes."""
+"""taxes: a profiler and analytical cost model for the three multi-GPU performance taxes.
+
+taxes.profile(workload, shape, gpus=...): profile a workload on this node's GPUs (or emulated), returning
+the result document and pandas frames of it (taxes.profiling.profile documents the arguments).
+taxes.step(): mark the end of one step of a program run by `taxes trace` (nothing otherwise), for programs
+whose steps are not optimizer.step() calls, e.g. an inference loop."""
 
 __version__ = "0.1.0"
 
+from taxes.profiling import profile  # noqa: E402
+from taxes.trace_hook import step  # noqa: E402
 
-def profile(*args, **kwargs):
-    """Profile a workload on this node's GPUs (or emulated): taxes.profiling.profile, which documents the
-    arguments. Returns a Result: the result document and pandas DataFrames of it."""
-    from taxes.profiling import profile as _profile
-
-    return _profile(*args, **kwargs)
-
-
-def step() -> None:
-    """Mark the end of one step of a program run by `taxes trace` (nothing otherwise): for programs whose
-    steps are not optimizer.step() calls, e.g. an inference loop."""
-    from taxes.trace_hook import step as _step
-
-    _step()
+__all__ = ["__version__", "profile", "step"]
