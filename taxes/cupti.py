@@ -20,6 +20,7 @@ import pandas as pd
 from taxes.timeline import HostStamps, api_kind, api_name
 
 _STATE: dict = {}  # the process's one registration with CUPTI
+UNKNOWN = (1 << 64) - 1  # CUPTI_TIMESTAMP_UNKNOWN: a latency timestamp it could not take
 
 
 def available() -> str | None:
@@ -42,7 +43,11 @@ class Recorder(HostStamps):
     def __init__(self, api: str = "warmup"):
         """api: which iterations record launch and synchronisation calls: "all", or "warmup" (until
         api_off(); the timed iterations then record device activities alone, which costs much less on the
-        host, and their launches are placed from the host stamps and the warm-up's launch sequence)."""
+        host, and their launches are placed from the host stamps and the warm-up's launch sequence), or
+        "queued": no host calls at all (CUPTI intercepts every runtime call once they are recorded, which
+        PyTorch's eager ops make several of per launch), each kernel instead carrying the time its launch was
+        queued and submitted on the host (CUPTI's latency timestamps): the launches of a trace that records
+        no calls (taxes.cupti_trace)."""
         from cupti import cupti
 
         super().__init__()
@@ -52,7 +57,9 @@ class Recorder(HostStamps):
         self._acts: list = []
         self._calls: list = []
         self._kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET,
-                       cupti.ActivityKind.MEMCPY2, cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER]
+                       cupti.ActivityKind.MEMCPY2]
+        if api != "queued":
+            self._kinds += [cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER]
         self._names: dict = {}
         self.now_raw = cupti.get_timestamp
 
@@ -65,9 +72,12 @@ class Recorder(HostStamps):
             c.activity_register_callbacks(lambda: (8 << 20, 0), _on_buffer)
             _STATE["registered"] = True
         _STATE["sink"] = self
+        if self.api == "queued":
+            c.activity_enable_latency_timestamps(1)
         for kind in self._kinds:
             c.activity_enable(kind)
-        self._select_apis()
+        if self.api != "queued":
+            self._select_apis()
         return self
 
     def _select_apis(self) -> None:
@@ -111,9 +121,13 @@ class Recorder(HostStamps):
             k = r.kind
             if k in (kernel, memcpy, memset, p2p):
                 kind = "kernel" if k == kernel else ("memset" if k == memset else "memcpy")
+                queued = int(getattr(r, "queued", 0) or 0) if k == kernel else 0
+                submitted = int(getattr(r, "submitted", 0) or 0) if k == kernel else 0
                 self._acts.append((r.name if k == kernel else kind, kind, int(r.stream_id), (int(r.start) - o) / 1e3,
                                    (int(r.end) - o) / 1e3, int(r.correlation_id), int(getattr(r, "graph_id", 0) or 0),
-                                   "p2p-copy" if k == p2p else "", int(getattr(r, "bytes", 0) or 0)))
+                                   "p2p-copy" if k == p2p else "", int(getattr(r, "bytes", 0) or 0),
+                                   (queued - o) / 1e3 if 0 < queued < UNKNOWN else float("nan"),
+                                   (submitted - o) / 1e3 if 0 < submitted < UNKNOWN else float("nan")))
             elif k in (runtime, driver):
                 enum = c.runtime_api_trace_cbid if k == runtime else c.driver_api_trace_cbid
                 hit = self._names.get((enum.__name__, int(r.cbid)))
@@ -123,7 +137,7 @@ class Recorder(HostStamps):
 
     def _frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         acts = pd.DataFrame(self._acts, columns=["name", "kind", "stream", "start_us", "end_us", "correlation",
-                                                 "graph_id", "comm", "bytes"])
+                                                 "graph_id", "comm", "bytes", "queued_us", "submitted_us"])
         calls = pd.DataFrame(self._calls, columns=["name", "kind", "start_us", "end_us", "correlation", "tid"])
         self._acts, self._calls = [], []
         return graph_correlations(acts), calls

@@ -4,7 +4,10 @@ like any other: `taxes trace --record timing` records the profiled steps this wa
 Kernels, copies and memsets become device events (with their launch's correlation id; a graph replay's
 kernels carry the graph launch's), the launch, graph-launch and synchronisation calls runtime or driver
 events, and the host's step boundaries (stamped on CUPTI's clock) ProfilerStep#N ranges on the thread that
-launched most. Times are us from the recording's origin (relative timestamps, as Kineto writes them)."""
+launched most. A recording without host calls (taxes.cupti.Recorder(api="queued")) gets one launch call per
+correlation id instead, from when CUPTI saw the kernel queued to when it was submitted, on the stepping
+thread: a launch whose call is not seen (copies, synchronisations) stays without one. Times are us from the
+recording's origin (relative timestamps, as Kineto writes them)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ def to_kineto(acts: pd.DataFrame, calls: pd.DataFrame, bounds_us: list[float], m
     """acts, calls: taxes.cupti.Recorder.stop()'s frames; bounds_us: the step boundaries (n + 1 for n steps);
     meta: device (index), gpu (name), pid, rank, world_size, and versions (torch_version, ...)."""
     pid, dev = int(meta.get("pid", 1)), int(meta.get("device", 0))
+    if not len(calls) and "queued_us" in acts:
+        calls = launches_from_queued(acts, int(meta.get("tid", 0)))
     events = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python"}}]
     for a in acts.itertuples(index=False):
         events.append({"ph": "X", "cat": _DEVICE_CAT.get(a.kind, "kernel"), "name": str(a.name), "pid": dev,
@@ -27,7 +32,7 @@ def to_kineto(acts: pd.DataFrame, calls: pd.DataFrame, bounds_us: list[float], m
         events.append({"ph": "X", "cat": "cuda_driver" if driver else "cuda_runtime", "name": str(c.name), "pid": pid,
                        "tid": int(c.tid), "ts": float(c.start_us), "dur": float(c.end_us - c.start_us),
                        "args": {"correlation": int(c.correlation)}})
-    tid = int(calls["tid"].mode().iloc[0]) if len(calls) else 0
+    tid = int(calls["tid"].mode().iloc[0]) if len(calls) else int(meta.get("tid", 0))
     for i, (a, b) in enumerate(zip(bounds_us, bounds_us[1:])):
         events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": pid, "tid": tid,
                        "ts": float(a), "dur": float(b - a), "args": {}})
@@ -41,3 +46,17 @@ def to_kineto(acts: pd.DataFrame, calls: pd.DataFrame, bounds_us: list[float], m
         if meta.get(key) is not None:
             doc[key] = meta[key]
     return doc
+
+
+def launches_from_queued(acts: pd.DataFrame, tid: int) -> pd.DataFrame:
+    """One launch call per correlation id of kernels that carry a queued time: [queued, submitted] of its
+    first kernel; cudaGraphLaunch for a graph replay's kernels."""
+    k = acts[acts["queued_us"].notna()].sort_values("queued_us")
+    first = k.drop_duplicates("correlation")
+    graph = first["graph"].values >= 0 if "graph" in first else False
+    end = first["submitted_us"].where(first["submitted_us"] >= first["queued_us"], first["queued_us"])
+    return pd.DataFrame({"name": pd.Series(graph).map({True: "cudaGraphLaunch", False: "cudaLaunchKernel"}).values
+                         if len(first) else [],
+                         "kind": pd.Series(graph).map({True: "graph", False: "launch"}).values if len(first) else [],
+                         "start_us": first["queued_us"].values, "end_us": end.values,
+                         "correlation": first["correlation"].values, "tid": tid})

@@ -12,11 +12,13 @@ What the profiler records (TAXES_TRACE_RECORD):
 - full: CPU and CUDA activities, shapes, memory and the execution trace, so analyze can name the ops and
   follow tensors (locality). Recording every op costs host time: a program whose host is the bottleneck
   (eager decoding, small batches) runs slower under it, and the measurement cost row says by how much.
-- timing: cupti-python's activity records alone (kernels, copies and memsets, and the launch, graph-launch
-  and synchronisation calls), with the step boundaries stamped on CUPTI's clock, written as a Kineto trace
-  (taxes.cupti_trace). It skips torch.profiler's callback on every op, but CUPTI, recording any runtime
-  call, intercepts all of them: a host-bound eager Llama forward ran +38% slower recorded this way, +432%
-  with the full record (docs/analyze.md). No op names, shapes or tensors: no locality.
+- timing: cupti-python's device activity records alone (kernels, copies and memsets), each kernel with the
+  time its launch was queued and submitted on the host (CUPTI's latency timestamps), and the step boundaries
+  stamped on CUPTI's clock, written as a Kineto trace (taxes.cupti_trace). torch.profiler, even with CUDA
+  activity only, calls back on every op to correlate it (+432% on a host-bound eager Llama forward with the
+  full record), and recording any runtime call makes CUPTI intercept all of them (+38% on the same forward);
+  what this record costs is measured in docs/analyze.md. No op names, shapes or tensors (no locality), no
+  synchronisation calls (their wait counts as host-bound).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import atexit
 import json
 import os
 import sys
+import threading
 import time
 
 _STATE: dict = {}
@@ -124,7 +127,7 @@ class _CuptiCycle:
     def __init__(self):
         from taxes.cupti import Recorder
 
-        self.rec = Recorder(api="all").start()
+        self.rec = Recorder(api="queued").start()
         self.bounds = [self.rec.now_us()]
 
     def step(self) -> None:
@@ -138,7 +141,7 @@ class _CuptiCycle:
         torch.cuda.synchronize()  # the last step's device work has its records before the flush
         acts, calls, _ = self.rec.stop()
         triton = sys.modules.get("triton")
-        meta = {"pid": os.getpid(), "device": torch.cuda.current_device(), "rank": rank,
+        meta = {"pid": os.getpid(), "tid": threading.get_native_id(), "device": torch.cuda.current_device(), "rank": rank,
                 "gpu": torch.cuda.get_device_name(), "world_size": int(os.environ.get("WORLD_SIZE", "0") or 0),
                 "torch_version": str(torch.__version__),
                 "triton_version": str(getattr(triton, "__version__", "")) if triton else None}

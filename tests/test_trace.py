@@ -116,18 +116,21 @@ def _timing_recording(spins_us, kernel_us=50.0, launches=4):
         first = t + 4.0
         for i in range(launches):
             calls.append(("cudaLaunchKernel", "launch", t + i, t + i + 1.0, corr, 4321))
-            acts.append(("gemm_kernel", "kernel", 7, first + i * kernel_us, first + (i + 1) * kernel_us, corr, -1, "", 0))
+            acts.append(("gemm_kernel", "kernel", 7, first + i * kernel_us, first + (i + 1) * kernel_us, corr, -1, "", 0,
+                         t + i + 0.2, t + i + 0.9))  # CUPTI's queued and submitted, inside the call
             corr += 1
         t = first + launches * kernel_us
     bounds.append(t)
     return (pd.DataFrame(acts, columns=["name", "kind", "stream", "start_us", "end_us", "correlation", "graph", "comm",
-                                        "bytes"]),
+                                        "bytes", "queued_us", "submitted_us"]),
             pd.DataFrame(calls, columns=["name", "kind", "start_us", "end_us", "correlation", "tid"]), bounds)
 
 
-def test_a_timing_recording_is_a_trace_analyze_reads_and_the_planted_host_time_is_host_bound(tmp_path):
+@pytest.mark.parametrize("host_calls", ["recorded", "from queued times"])
+def test_a_timing_recording_is_a_trace_analyze_reads_and_the_planted_host_time_is_host_bound(tmp_path, host_calls):
     """taxes.cupti_trace writes a timing-mode recording as a Kineto trace: its steps are the stamped
-    boundaries, and the host time planted before each step's first launch comes back as host-bound."""
+    boundaries, and the host time planted before each step's first launch comes back as host-bound, whether
+    the launch calls were recorded or stand in from the kernels' queued and submitted times."""
     import gzip
 
     from taxes import analyze as A
@@ -135,7 +138,12 @@ def test_a_timing_recording_is_a_trace_analyze_reads_and_the_planted_host_time_i
 
     spins = [300.0, 120.0, 500.0, 80.0, 200.0]
     acts, calls, bounds = _timing_recording(spins)
-    doc = to_kineto(acts, calls, bounds, {"pid": 99, "device": 0, "gpu": "NVIDIA H100 80GB HBM3", "rank": 0})
+    if host_calls != "recorded":
+        calls = calls.iloc[0:0]
+    doc = to_kineto(acts, calls, bounds, {"pid": 99, "tid": 4321, "device": 0, "gpu": "NVIDIA H100 80GB HBM3",
+                                          "rank": 0})
+    launches = [e for e in doc["traceEvents"] if e.get("cat") == "cuda_runtime"]
+    assert len(launches) == 4 * len(spins) and {e["name"] for e in launches} == {"cudaLaunchKernel"}
     steps = sorted((e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")),
                    key=lambda e: e["ts"])
     assert [(e["ts"], e["ts"] + e["dur"]) for e in steps] == list(zip(bounds, bounds[1:]))
@@ -150,7 +158,8 @@ def test_a_timing_recording_is_a_trace_analyze_reads_and_the_planted_host_time_i
     # planted spin); its launch tax: the first kernel's 4 us launch latency (the others queued behind it)
     for (step, row), spin in zip(d.iterrows(), spins):
         assert row["host_bound"] == pytest.approx(spin, rel=0.02), step
-        assert row["launch"] == pytest.approx(4.0, abs=0.2), step
+        # launch: the first kernel's 4 us from its call; with queued times the call starts 0.2 us later
+        assert row["launch"] == pytest.approx(4.0 if host_calls == "recorded" else 3.8, abs=0.2), step
         assert row["compute"] == pytest.approx(4 * 50.0, rel=0.01)
 
 
