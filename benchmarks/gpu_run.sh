@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_run.sh timeline OUT   # one GPU: a calibration, the known answers (validate --planted),
 #                                             # flash decode and ag-gemm profiled at world 1 with both clocks,
 #                                             # host launch cost with CUPTI's API records
+#   bash benchmarks/gpu_run.sh planted OUT    # one GPU: the known answers alone (validate --planted)
 #   bash benchmarks/gpu_run.sh traces OUT     # one GPU: programs nobody here wrote, run by `taxes trace`
 #                                             # (traces + plain step times, tarred into OUT/traces.tar.gz)
 #   bash benchmarks/gpu_run.sh cost OUT       # one GPU: flash decode's measurement cost, many short rounds
@@ -14,7 +15,7 @@
 # project offline. Every command has its own time limit and writes its result as soon as it ends; a short
 # table comes last.
 set -u
-stages=" ${1:?stage: timeline, traces or cost (several: quoted, space-separated)} "
+stages=" ${1:?stage: timeline, planted, traces or cost (several: quoted, space-separated)} "
 OUT=${2:-${OUT:-gpu-out}}
 mkdir -p "$OUT"
 if ls .wheels/*.whl >/dev/null 2>&1; then
@@ -46,25 +47,30 @@ if [[ "$stages" == *" timeline "* ]]; then
     for f in "$OUT"/flash_decode*.json "$OUT"/ag_gemm*.json; do taxes check "$f" 2>&1 | head -8; done
 fi
 
+if [[ "$stages" == *" planted "* ]]; then
+    timeout 150 taxes validate --planted --gpus 1 --iters 30 --clock cupti -o "$OUT/known_answer-$GPU-x1.json" \
+        --records "$OUT/known_answer-$GPU-x1.records.json.gz" 2>&1 | tail -8
+fi
+
 if [[ "$stages" == *" traces "* ]]; then
     # the known answers of benchmarks/analyze_known_answers.py: the host-bound Llama runs recorded with --record
-    # timing (cupti-python), the chain with --record full (it needs tensors for locality); 20 plain and 20
-    # profiled steps each
+    # timing (cupti-python), the chain with --record full (it needs tensors for locality); 40 plain and 40
+    # profiled steps of the Llama, 20 and 20 of the chain
     T="$OUT/traces"; mkdir -p "$T"
-    run() {  # NAME SECONDS RECORD ARGS...
-        local name=$1 secs=$2 record=$3; shift 3
-        timeout "$secs" taxes trace --out "$T/$name" --record "$record" --steps 20 --plain 20 --skip 5 --format json \
+    run() {  # NAME SECONDS RECORD STEPS ARGS...
+        local name=$1 secs=$2 record=$3 n=$4; shift 4
+        timeout "$secs" taxes trace --out "$T/$name" --record "$record" --steps "$n" --plain "$n" --skip 5 --format json \
             --hardware "$HW" -- "$@" > "$T/$name.log" 2>&1
         echo "$name: exit $? $(grep -E '^llama|^chain|traced|error' "$T/$name.log" | tr '\n' ' ')"
     }
     HW=reports/calibration/$GPU-x1-calibrated.json
-    run llama-alternate 90 timing python3 benchmarks/programs/llama.py --mode alternate --steps 50
-    run llama-forward 90 timing python3 benchmarks/programs/llama.py --mode forward --steps 50
-    run llama-spin-alternate 90 timing python3 benchmarks/programs/llama.py --mode forward --steps 50 --spin-us 200 \
+    run llama-alternate 90 timing 40 python3 benchmarks/programs/llama.py --mode alternate --steps 90
+    run llama-forward 90 timing 40 python3 benchmarks/programs/llama.py --mode forward --steps 90
+    run llama-spin-alternate 90 timing 40 python3 benchmarks/programs/llama.py --mode forward --steps 90 --spin-us 200 \
         --spin-every 2
-    run chain-eager 60 full python3 benchmarks/programs/chain.py --mode eager --steps 50
-    run chain-compiled 120 full python3 benchmarks/programs/chain.py --mode compiled --steps 50
-    run llama-forward-full 90 full python3 benchmarks/programs/llama.py --mode forward --steps 50  # what full costs
+    run chain-eager 60 full 20 python3 benchmarks/programs/chain.py --mode eager --steps 50
+    run chain-compiled 120 full 20 python3 benchmarks/programs/chain.py --mode compiled --steps 50
+    run llama-forward-full 90 full 40 python3 benchmarks/programs/llama.py --mode forward --steps 90  # what full costs
     tar -czf "$OUT/traces.tar.gz" -C "$OUT" traces && rm -rf "$T"
     ls -la "$OUT"
 fi

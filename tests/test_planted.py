@@ -27,5 +27,7 @@ def test_planted_runs_and_recovers_a_host_spin_on_the_host_clock(tmp_path):
     spin = next(r for r in rows if r["tax"] == "host_bound")
     assert spin["planted_us"] > 400 and spin["ok"], spin  # 20 spins of 25 us per iteration
     records = json.loads(gzip.decompress(rec.read_bytes()))
-    assert {"base", "extra", "spin", "graph", "unfused", "fused"} <= set(records)
+    assert {"base", "extra", "spin", "spin_more", "graph", "unfused", "fused"} <= set(records)
+    longer = next(r for r in rows if r["case"] == "a longer host spin leaves launch unchanged")
+    assert len(longer["launch_path_us"]) == 2 and longer["host_bound_change_us"] > 100  # 20 more spins of 25 us
     assert all(len(ranks) == 1 and ranks[0]["iterations"] for ranks in records.values())
