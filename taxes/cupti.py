@@ -44,10 +44,11 @@ class Recorder(HostStamps):
         """api: which iterations record launch and synchronisation calls: "all", or "warmup" (until
         api_off(); the timed iterations then record device activities alone, which costs much less on the
         host, and their launches are placed from the host stamps and the warm-up's launch sequence), or
-        "queued": no host calls at all (CUPTI intercepts every runtime call once they are recorded, which
-        PyTorch's eager ops make several of per launch), each kernel instead carrying the time its launch was
-        queued and submitted on the host (CUPTI's latency timestamps): the launches of a trace that records
-        no calls (taxes.cupti_trace)."""
+        "queued": of the host calls only graph launches and synchronisations (a few per step), each eager
+        kernel instead carrying the time its launch was queued and submitted on the host (CUPTI's latency
+        timestamps), which stand in for its launch call (taxes.cupti_trace). A graph replay's kernels carry
+        no usable latency timestamps (on an H100, CUDA 13: those of the last eager launch before the replay),
+        so their graph launch is recorded as a call."""
         from cupti import cupti
 
         super().__init__()
@@ -58,8 +59,7 @@ class Recorder(HostStamps):
         self._calls: list = []
         self._kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET,
                        cupti.ActivityKind.MEMCPY2]
-        if api != "queued":
-            self._kinds += [cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER]
+        self._kinds += [cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER]
         self._names: dict = {}
         self.now_raw = cupti.get_timestamp
 
@@ -76,17 +76,18 @@ class Recorder(HostStamps):
             c.activity_enable_latency_timestamps(1)
         for kind in self._kinds:
             c.activity_enable(kind)
-        if self.api != "queued":
-            self._select_apis()
+        self._select_apis(("graph", "sync") if self.api == "queued" else ("launch", "graph", "sync"))
         return self
 
-    def _select_apis(self) -> None:
-        """Record only the host calls a timeline needs: every other runtime and driver call off."""
+    def _select_apis(self, kinds: tuple) -> None:
+        """Record only the host calls of these kinds (launch, graph, sync): every other runtime and driver
+        call off."""
         c = self._c
         for enum, enable in ((c.runtime_api_trace_cbid, c.activity_enable_runtime_api),
                              (c.driver_api_trace_cbid, c.activity_enable_driver_api)):
             for member in enum:
                 kind = api_kind(member.name)
+                kind = kind if kind in kinds else None
                 if kind is not None:
                     self._names[(enum.__name__, int(member))] = (api_name(member.name), kind)
                 try:

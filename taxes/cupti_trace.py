@@ -4,10 +4,12 @@ like any other: `taxes trace --record timing` records the profiled steps this wa
 Kernels, copies and memsets become device events (with their launch's correlation id; a graph replay's
 kernels carry the graph launch's), the launch, graph-launch and synchronisation calls runtime or driver
 events, and the host's step boundaries (stamped on CUPTI's clock) ProfilerStep#N ranges on the thread that
-launched most. A recording without host calls (taxes.cupti.Recorder(api="queued")) gets one launch call per
-correlation id instead, from when CUPTI saw the kernel queued to when it was submitted, on the stepping
-thread: a launch whose call is not seen (copies, synchronisations) stays without one. Times are us from the
-recording's origin (relative timestamps, as Kineto writes them)."""
+launched most. A recording whose eager launch calls were not recorded (taxes.cupti.Recorder(api="queued"))
+gets one launch call per eager kernel's correlation id instead, from when CUPTI saw the kernel queued to when
+it was submitted, on the thread that made the recorded calls (or the stepping thread): a copy's launch is
+not seen and stays without one, and a graph replay's kernels keep their recorded graph launch (their own
+latency timestamps are not theirs). Times are us from the recording's origin (relative timestamps, as Kineto
+writes them)."""
 
 from __future__ import annotations
 
@@ -20,8 +22,11 @@ def to_kineto(acts: pd.DataFrame, calls: pd.DataFrame, bounds_us: list[float], m
     """acts, calls: taxes.cupti.Recorder.stop()'s frames; bounds_us: the step boundaries (n + 1 for n steps);
     meta: device (index), gpu (name), pid, rank, world_size, and versions (torch_version, ...)."""
     pid, dev = int(meta.get("pid", 1)), int(meta.get("device", 0))
-    if not len(calls) and "queued_us" in acts:
-        calls = launches_from_queued(acts, int(meta.get("tid", 0)))
+    if "queued_us" in acts:
+        tid = int(calls["tid"].mode().iloc[0]) if len(calls) else int(meta.get("tid", 0))
+        eager = acts[~acts["correlation"].isin(calls["correlation"])]
+        calls = pd.concat([c for c in (calls, launches_from_queued(eager, tid)) if len(c)] or [calls],
+                          ignore_index=True)
     events = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python"}}]
     for a in acts.itertuples(index=False):
         events.append({"ph": "X", "cat": _DEVICE_CAT.get(a.kind, "kernel"), "name": str(a.name), "pid": dev,
@@ -49,14 +54,13 @@ def to_kineto(acts: pd.DataFrame, calls: pd.DataFrame, bounds_us: list[float], m
 
 
 def launches_from_queued(acts: pd.DataFrame, tid: int) -> pd.DataFrame:
-    """One launch call per correlation id of kernels that carry a queued time: [queued, submitted] of its
-    first kernel; cudaGraphLaunch for a graph replay's kernels."""
-    k = acts[acts["queued_us"].notna()].sort_values("queued_us")
-    first = k.drop_duplicates("correlation")
-    graph = first["graph"].values >= 0 if "graph" in first else False
+    """One cudaLaunchKernel per correlation id of eager kernels that carry a queued time: [queued, submitted]
+    of its first kernel (submitted before queued, which CUPTI can report, reads as queued)."""
+    k = acts[acts["queued_us"].notna()]
+    if "graph" in k:
+        k = k[k["graph"] < 0]
+    first = k.sort_values("queued_us").drop_duplicates("correlation")
     end = first["submitted_us"].where(first["submitted_us"] >= first["queued_us"], first["queued_us"])
-    return pd.DataFrame({"name": pd.Series(graph).map({True: "cudaGraphLaunch", False: "cudaLaunchKernel"}).values
-                         if len(first) else [],
-                         "kind": pd.Series(graph).map({True: "graph", False: "launch"}).values if len(first) else [],
-                         "start_us": first["queued_us"].values, "end_us": end.values,
-                         "correlation": first["correlation"].values, "tid": tid})
+    return pd.DataFrame({"name": "cudaLaunchKernel", "kind": "launch", "start_us": first["queued_us"].values,
+                         "end_us": end.values, "correlation": first["correlation"].values, "tid": tid},
+                        index=range(len(first)))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -161,6 +162,64 @@ def test_a_timing_recording_is_a_trace_analyze_reads_and_the_planted_host_time_i
         # launch: the first kernel's 4 us from its call; with queued times the call starts 0.2 us later
         assert row["launch"] == pytest.approx(4.0 if host_calls == "recorded" else 3.8, abs=0.2), step
         assert row["compute"] == pytest.approx(4 * 50.0, rel=0.01)
+
+
+def test_a_graph_replay_keeps_its_recorded_launch_not_its_kernels_latency_timestamps(tmp_path):
+    """A timing recording of eager steps alternating with graph replays: CUPTI gives a replay's kernels the
+    latency timestamps of the last eager launch before it (seen on an H100), and its graph launch is recorded
+    as a call. The replay belongs to the step that launched it, the host time before the graph launch is that
+    step's host-bound time, and the replay's own gaps are graph gaps."""
+    import gzip
+
+    import pandas as pd
+
+    from taxes import analyze as A
+    from taxes.cupti_trace import to_kineto
+
+    rng = np.random.default_rng(7)
+    spins = rng.uniform(100.0, 400.0, size=6)
+    acts, calls, bounds, t, corr = [], [], [], 0.0, 1
+    last_queued = (np.nan, np.nan)
+    for i, spin in enumerate(spins):
+        bounds.append(t)
+        t += spin
+        if i % 2 == 0:  # eager: four launches, their kernels 30 us each, the first 4 us after its call
+            for j in range(4):
+                last_queued = (t + j + 0.2, t + j + 0.9)
+                acts.append(("k", "kernel", 7, t + 4.0 + 30.0 * j, t + 4.0 + 30.0 * (j + 1), corr, -1, "", 0,
+                             *last_queued))
+                corr += 1
+            t += 4.0 + 4 * 30.0
+        else:  # one graph launch (a 2 us call), its four kernels 20 us each with 1 us between them, 6 us after
+            calls.append(("cudaGraphLaunch", "graph", t, t + 2.0, corr, 4321))
+            for j in range(4):
+                acts.append(("g", "kernel", 7, t + 6.0 + 21.0 * j, t + 6.0 + 21.0 * j + 20.0, corr, corr, "", 0,
+                             *last_queued))  # stale: the last eager launch's
+            corr += 1
+            t += 6.0 + 4 * 21.0 - 1.0
+    bounds.append(t)
+    cols = ["name", "kind", "stream", "start_us", "end_us", "correlation", "graph", "comm", "bytes", "queued_us",
+            "submitted_us"]
+    doc = to_kineto(pd.DataFrame(acts, columns=cols),
+                    pd.DataFrame(calls, columns=["name", "kind", "start_us", "end_us", "correlation", "tid"]), bounds,
+                    {"pid": 99, "tid": 4321, "device": 0, "gpu": "NVIDIA H100 80GB HBM3", "rank": 0})
+    names = [e["name"] for e in doc["traceEvents"] if e.get("cat") == "cuda_runtime"]
+    assert names.count("cudaGraphLaunch") == 3 and names.count("cudaLaunchKernel") == 12
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    d = A.analyze([str(path)]).decomposition.set_index("step").sort_index()
+    assert len(d) == len(spins)
+    for step, spin in enumerate(spins):
+        row = d.loc[step]
+        assert row["host_bound"] == pytest.approx(spin, rel=0.01), step
+        if step % 2:
+            assert row["compute"] == pytest.approx(80.0, rel=0.01), step
+            assert row["graph_gaps"] == pytest.approx(3.0, abs=0.05), step
+            assert row["launch"] == pytest.approx(6.0, abs=0.05), step
+        else:
+            assert row["compute"] == pytest.approx(120.0, rel=0.01), step
+            assert row["launch"] == pytest.approx(3.8, abs=0.05), step
+        assert abs(row["unattributed"]) < 0.05, step
 
 
 def test_timing_mode_without_cupti_is_one_line(tmp_path):
