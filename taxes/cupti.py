@@ -95,6 +95,15 @@ class Recorder(HostStamps):
                 except Exception:  # ids this driver does not know
                     pass
 
+    def pause(self) -> None:
+        """No records from here until resume() (what is recorded stays for stop())."""
+        for kind in self._kinds:
+            self._c.activity_disable(kind)
+
+    def resume(self) -> None:
+        for kind in self._kinds:
+            self._c.activity_enable(kind)
+
     def api_off(self) -> None:
         """From here on, device activities only (see __init__)."""
         if self.api == "warmup":

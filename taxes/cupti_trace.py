@@ -3,7 +3,7 @@ like any other: `taxes trace --record timing` records the profiled steps this wa
 
 Kernels, copies and memsets become device events (with their launch's correlation id; a graph replay's
 kernels carry the graph launch's), the launch, graph-launch and synchronisation calls runtime or driver
-events, and the host's step boundaries (stamped on CUPTI's clock) ProfilerStep#N ranges on the thread that
+events, and the host's profiled steps (stamped on CUPTI's clock) ProfilerStep#N ranges on the thread that
 launched most. A recording whose eager launch calls were not recorded (taxes.cupti.Recorder(api="queued"))
 gets one launch call per eager kernel's correlation id instead, from when CUPTI saw the kernel queued to when
 it was submitted, on the thread that made the recorded calls (or the stepping thread): a copy's launch is
@@ -18,9 +18,10 @@ import pandas as pd
 _DEVICE_CAT = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
 
 
-def to_kineto(acts: pd.DataFrame, calls: pd.DataFrame, bounds_us: list[float], meta: dict) -> dict:
-    """acts, calls: taxes.cupti.Recorder.stop()'s frames; bounds_us: the step boundaries (n + 1 for n steps);
-    meta: device (index), gpu (name), pid, rank, world_size, and versions (torch_version, ...)."""
+def to_kineto(acts: pd.DataFrame, calls: pd.DataFrame, windows_us: list[tuple[float, float]], meta: dict) -> dict:
+    """acts, calls: taxes.cupti.Recorder.stop()'s frames; windows_us: each profiled step's (start, end), in
+    order (steps recorded in blocks leave gaps between them); meta: device (index), gpu (name), pid, rank,
+    world_size, and versions (torch_version, ...)."""
     pid, dev = int(meta.get("pid", 1)), int(meta.get("device", 0))
     if "queued_us" in acts:
         tid = int(calls["tid"].mode().iloc[0]) if len(calls) else int(meta.get("tid", 0))
@@ -38,7 +39,7 @@ def to_kineto(acts: pd.DataFrame, calls: pd.DataFrame, bounds_us: list[float], m
                        "tid": int(c.tid), "ts": float(c.start_us), "dur": float(c.end_us - c.start_us),
                        "args": {"correlation": int(c.correlation)}})
     tid = int(calls["tid"].mode().iloc[0]) if len(calls) else int(meta.get("tid", 0))
-    for i, (a, b) in enumerate(zip(bounds_us, bounds_us[1:])):
+    for i, (a, b) in enumerate(windows_us):
         events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": pid, "tid": tid,
                        "ts": float(a), "dur": float(b - a), "args": {}})
     doc = {"schemaVersion": 1, "traceEvents": events, "displayTimeUnit": "ms",

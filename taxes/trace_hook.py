@@ -2,11 +2,18 @@
 
 Loaded at the program's start (a sitecustomize.py that `taxes trace` puts first on PYTHONPATH) when
 TAXES_TRACE_DIR is set. A step ends at every `optimizer.step()` (any torch optimizer), every `taxes.step()`
-call, or, with TAXES_TRACE_STEP=nvtx:NAME, at the end of every NVTX range NAME. The schedule, in steps:
-TAXES_TRACE_SKIP warm-up steps, then TAXES_TRACE_PLAIN steps timed without the profiler (a CUDA event at each
-step end: the device time between two step ends), then TAXES_TRACE_STEPS steps under torch.profiler, whose
-trace is written to TAXES_TRACE_DIR/rank<R>.json.gz with the plain step times in plain_rank<R>.json. The
-program itself runs on unchanged to its end; a program that ends early still writes what it has.
+call, or, with TAXES_TRACE_STEP=nvtx:NAME, at the end of every NVTX range NAME. The schedule, in steps
+(schedule()): TAXES_TRACE_SKIP warm-up steps, then TAXES_TRACE_PLAIN steps timed without the profiler (a CUDA
+event at each step end: the device time between two step ends) and TAXES_TRACE_STEPS steps profiled, whose
+trace is written to TAXES_TRACE_DIR/rank<R>.json.gz with the plain step times in plain_rank<R>.json (and
+which program step each plain and each profiled step was). The program itself runs on unchanged to its end;
+a program that ends early still writes what it has.
+
+With the full record, the plain steps come first, then the profiled ones (torch.profiler runs one cycle).
+With the timing record they alternate in blocks of TAXES_TRACE_BLOCK steps, plain-profiled then
+profiled-plain (ABBA): a host whose speed drifts during the run (a shared machine's did by 2x) moves both
+kinds alike, so their difference, the measurement cost, is the profiler's and not the drift's. Between
+blocks the hook waits for the device and switches CUPTI's records off or on, outside every timed step.
 
 What the profiler records (TAXES_TRACE_RECORD):
 - full: CPU and CUDA activities, shapes, memory and the execution trace, so analyze can name the ops and
@@ -45,8 +52,12 @@ def install() -> None:
     _STATE["cfg"] = {"dir": env["TAXES_TRACE_DIR"], "skip": int(env.get("TAXES_TRACE_SKIP", "3")),
                      "plain": int(env.get("TAXES_TRACE_PLAIN", "5")), "steps": int(env.get("TAXES_TRACE_STEPS", "5")),
                      "signal": env.get("TAXES_TRACE_STEP", "auto"), "record": env.get("TAXES_TRACE_RECORD", "full"),
+                     "block": int(env.get("TAXES_TRACE_BLOCK", "10")),
                      "rank": int(env.get("RANK", env.get("LOCAL_RANK", "0")))}
-    _STATE.update(count=0, events=[], prof=None, done=False)
+    cfg = _STATE["cfg"]
+    block = cfg["block"] if cfg["record"] == "timing" else 0
+    _STATE.update(count=0, events=[], plain_steps=[], profiled_steps=[], prof=None, done=False,
+                  phases=schedule(cfg["plain"], cfg["steps"], block))
     atexit.register(finish)
     signal = _STATE["cfg"]["signal"]
     if signal.startswith("nvtx:"):
@@ -55,29 +66,69 @@ def install() -> None:
         _hook_optimizer()
 
 
+def schedule(plain: int, steps: int, block: int) -> list[str]:
+    """The phase of each timed step, in order ("plain" or "profiled"): `plain` plain and `steps` profiled
+    steps, in blocks of `block` steps ordered plain-profiled, profiled-plain, plain-profiled, ... (ABBA; a
+    kind whose steps have run out leaves its blocks to the other); block 0: all plain steps, then the rest."""
+    if block <= 0:
+        return ["plain"] * plain + ["profiled"] * steps
+    left = {"plain": plain, "profiled": steps}
+    out: list[str] = []
+    r = 0
+    while left["plain"] or left["profiled"]:
+        for kind in (("plain", "profiled") if r % 2 == 0 else ("profiled", "plain")):
+            n = min(block, left[kind])
+            out += [kind] * n
+            left[kind] -= n
+        r += 1
+    return out
+
+
+def _phase(k: int) -> str:
+    """Program step k's phase: skip (the first skip + 1 steps: the end of step `skip` is the first
+    boundary), plain, profiled, or done."""
+    j = k - _STATE["cfg"]["skip"] - 1
+    phases = _STATE["phases"]
+    return "skip" if j < 0 else (phases[j] if j < len(phases) else "done")
+
+
 def step() -> None:
     """One step has ended (taxes.step() calls this; so do the hooks)."""
     if not active() or _STATE["done"]:
         return
-    import torch
-
-    cfg = _STATE["cfg"]
     n = _STATE["count"]
     _STATE["count"] = n + 1
-    skip, plain, steps = cfg["skip"], cfg["plain"], cfg["steps"]
-    if skip <= n < skip + plain + 1:  # plain + 1 boundaries bound `plain` steps
-        if torch.cuda.is_available():  # the device's time between two step ends
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            _STATE["events"].append(ev)
+    cur, nxt = _phase(n), _phase(n + 1)
+    prof = _STATE["prof"]
+    if cur == "profiled":
+        prof.step()
+        _STATE["profiled_steps"].append(n)
+    if cur == "plain":
+        _mark(n)
+    if nxt != cur and cur == "profiled" and nxt != "done":
+        prof.pause()
+    if nxt == "plain" and cur != "plain":
+        _mark(None)  # the block's first step starts here
+    if nxt == "profiled" and cur != "profiled":
+        if prof is None:
+            _start_profiler()
         else:
-            _STATE["events"].append(time.perf_counter())
-    if n == skip + plain:  # the plain steps are done: profile the next ones
-        _start_profiler()
-    elif _STATE["prof"] is not None:
-        _STATE["prof"].step()
-        if n >= skip + plain + steps:
-            finish()
+            prof.resume()
+    if nxt == "done":
+        finish()
+
+
+def _mark(ended) -> None:
+    """A plain block's boundary: a CUDA event (the host's clock without a GPU); `ended`: the program step it
+    ends (None: a block's start)."""
+    import torch
+
+    if torch.cuda.is_available():  # the device's time between two step ends
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+    else:
+        ev = time.perf_counter()
+    _STATE["events"].append((ended, ev))
 
 
 def _start_profiler() -> None:
@@ -122,16 +173,30 @@ def _start_profiler() -> None:
 
 
 class _CuptiCycle:
-    """The profiled steps in timing mode: cupti-python records from here, a boundary stamp at each step."""
+    """The profiled steps in timing mode: cupti-python records from here, a stamp at each step boundary;
+    pause() and resume() between blocks (taxes.cupti.Recorder)."""
 
     def __init__(self):
         from taxes.cupti import Recorder
 
         self.rec = Recorder(api="queued").start()
-        self.bounds = [self.rec.now_us()]
+        self.windows: list = []
+        self.begin = self.rec.now_us()
 
     def step(self) -> None:
-        self.bounds.append(self.rec.now_us())
+        end = self.rec.now_us()
+        self.windows.append((self.begin, end))
+        self.begin = end
+
+    def pause(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()  # the block's device work recorded before the records stop
+        self.rec.pause()
+
+    def resume(self) -> None:
+        self.rec.resume()
+        self.begin = self.rec.now_us()
 
     def write(self, path: str, rank: int) -> None:
         import torch
@@ -146,7 +211,7 @@ class _CuptiCycle:
                 "torch_version": str(torch.__version__),
                 "triton_version": str(getattr(triton, "__version__", "")) if triton else None}
         with open(path, "w") as f:
-            json.dump(to_kineto(acts, calls, self.bounds, meta), f)
+            json.dump(to_kineto(acts, calls, self.windows, meta), f)
 
 
 def finish() -> None:
@@ -160,14 +225,18 @@ def finish() -> None:
     rank = cfg["rank"]
     os.makedirs(cfg["dir"], exist_ok=True)
     events = _STATE["events"]
-    plain = []
-    if len(events) > 1 and isinstance(events[0], float):
-        plain = [(b - a) * 1e6 for a, b in zip(events, events[1:])]
-    elif len(events) > 1:
-        events[-1].synchronize()
-        plain = [a.elapsed_time(b) * 1e3 for a, b in zip(events, events[1:])]
+    plain, plain_steps = [], []
+    if events and not isinstance(events[-1][1], float):
+        events[-1][1].synchronize()
+    for (_, a), (ended, b) in zip(events, events[1:]):
+        if ended is None:  # a block's start: no step ended here
+            continue
+        plain.append((b - a) * 1e6 if isinstance(a, float) else a.elapsed_time(b) * 1e3)
+        plain_steps.append(ended)
     with open(os.path.join(cfg["dir"], f"plain_rank{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "plain_step_us": plain, "steps_seen": _STATE["count"], "signal": cfg["signal"]}, f)
+        json.dump({"rank": rank, "plain_step_us": plain, "plain_steps": plain_steps,
+                   "profiled_steps": _STATE["profiled_steps"], "steps_seen": _STATE["count"],
+                   "signal": cfg["signal"], "block": cfg["block"] if cfg["record"] == "timing" else 0}, f)
     prof = _STATE.get("prof")
     if prof is not None:
         tmp = os.path.join(cfg["dir"], f"rank{rank}.json")

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,17 +138,23 @@ def test_a_timing_recording_is_a_trace_analyze_reads_and_the_planted_host_time_i
     from taxes import analyze as A
     from taxes.cupti_trace import to_kineto
 
-    spins = [300.0, 120.0, 500.0, 80.0, 200.0]
+    spins = [300.0, 120.0, 500.0, 80.0, 200.0, 150.0]
     acts, calls, bounds = _timing_recording(spins)
     if host_calls != "recorded":
         calls = calls.iloc[0:0]
-    doc = to_kineto(acts, calls, bounds, {"pid": 99, "tid": 4321, "device": 0, "gpu": "NVIDIA H100 80GB HBM3",
-                                          "rank": 0})
+    # steps 2 and 3 ran plain, between two recorded blocks: no records, no windows
+    windows = list(zip(bounds, bounds[1:]))
+    lo, hi = windows[2][0], windows[3][1]
+    acts = acts[(acts["end_us"] <= lo) | (acts["start_us"] >= hi)]
+    calls = calls[calls["correlation"].isin(acts["correlation"])]
+    windows, spins = windows[:2] + windows[4:], spins[:2] + spins[4:]
+    doc = to_kineto(acts, calls, windows, {"pid": 99, "tid": 4321, "device": 0, "gpu": "NVIDIA H100 80GB HBM3",
+                                           "rank": 0})
     launches = [e for e in doc["traceEvents"] if e.get("cat") == "cuda_runtime"]
     assert len(launches) == 4 * len(spins) and {e["name"] for e in launches} == {"cudaLaunchKernel"}
     steps = sorted((e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")),
                    key=lambda e: e["ts"])
-    assert [(e["ts"], e["ts"] + e["dur"]) for e in steps] == list(zip(bounds, bounds[1:]))
+    assert [(e["ts"], e["ts"] + e["dur"]) for e in steps] == windows
     assert {e["tid"] for e in steps} == {4321}  # on the thread that launched
     path = tmp_path / "rank0.json.gz"
     path.write_bytes(gzip.compress(json.dumps(doc).encode()))
@@ -201,7 +208,8 @@ def test_a_graph_replay_keeps_its_recorded_launch_not_its_kernels_latency_timest
     cols = ["name", "kind", "stream", "start_us", "end_us", "correlation", "graph", "comm", "bytes", "queued_us",
             "submitted_us"]
     doc = to_kineto(pd.DataFrame(acts, columns=cols),
-                    pd.DataFrame(calls, columns=["name", "kind", "start_us", "end_us", "correlation", "tid"]), bounds,
+                    pd.DataFrame(calls, columns=["name", "kind", "start_us", "end_us", "correlation", "tid"]),
+                    list(zip(bounds, bounds[1:])),
                     {"pid": 99, "tid": 4321, "device": 0, "gpu": "NVIDIA H100 80GB HBM3", "rank": 0})
     names = [e["name"] for e in doc["traceEvents"] if e.get("cat") == "cuda_runtime"]
     assert names.count("cudaGraphLaunch") == 3 and names.count("cudaLaunchKernel") == 12
@@ -231,3 +239,54 @@ def test_timing_mode_without_cupti_is_one_line(tmp_path):
                         "timing", "--", sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--record timing records with cupti-python" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_timing_schedule_alternates_plain_and_profiled_blocks_abba():
+    from taxes.trace_hook import schedule
+
+    P, R = "plain", "profiled"
+    assert schedule(6, 6, 4) == [P] * 4 + [R] * 4 + [R] * 2 + [P] * 2
+    assert schedule(8, 8, 2) == [P, P, R, R, R, R, P, P] * 2
+    assert schedule(3, 5, 0) == [P] * 3 + [R] * 5  # the full record: one profiler cycle after the plain steps
+    assert schedule(2, 5, 2) == [P, P, R, R, R, R, R]  # plain ran out: the profiled blocks follow each other
+
+
+def test_the_hook_times_plain_blocks_and_pauses_the_recorder_between_profiled_ones(tmp_path, monkeypatch):
+    """Driven step by step (the host clock stands in for CUDA events): which program steps were timed plain,
+    which profiled, and that the recorder pauses before every plain block and resumes after it."""
+    from taxes import trace_hook as H
+
+    calls: list = []
+
+    class Recorder:  # stands in for _CuptiCycle
+        def step(self):
+            calls.append("step")
+
+        def pause(self):
+            calls.append("pause")
+
+        def resume(self):
+            calls.append("resume")
+
+        def __exit__(self, *a):
+            calls.append("exit")
+
+        def export_chrome_trace(self, path):
+            Path(path).write_text("{}")
+
+    for k, v in {"TAXES_TRACE_DIR": str(tmp_path), "TAXES_TRACE_SKIP": "2", "TAXES_TRACE_PLAIN": "6",
+                 "TAXES_TRACE_STEPS": "6", "TAXES_TRACE_BLOCK": "2", "TAXES_TRACE_RECORD": "timing",
+                 "TAXES_TRACE_STEP": "taxes"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(H, "_STATE", {})
+    monkeypatch.setattr(H.atexit, "register", lambda f: None)
+    monkeypatch.setattr(H, "_start_profiler", lambda: (calls.append("start"), H._STATE.update(prof=Recorder())))
+    H.install()
+    for _ in range(30):
+        H.step()
+    # schedule(6, 6, 2): P P R R | R R P P | P P R R, after steps 0..2 (the end of step 2 is the first boundary)
+    assert calls == ["start", "step", "step", "step", "step", "pause", "resume", "step", "step", "exit"]
+    d = json.loads((tmp_path / "plain_rank0.json").read_text())
+    assert d["plain_steps"] == [3, 4, 9, 10, 11, 12] and d["profiled_steps"] == [5, 6, 7, 8, 13, 14]
+    assert len(d["plain_step_us"]) == 6 and all(x > 0 for x in d["plain_step_us"])
+    assert d["steps_seen"] == 15  # done after the last profiled step
