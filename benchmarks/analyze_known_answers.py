@@ -69,9 +69,12 @@ def paired(run_dir: Path, hardware: str, skip: int, plain: int, on) -> dict:
     d = an.decomposition
     d = d[d["flag"].fillna("") == ""] if "flag" in d else d
     is_on = [bool(on(profiled_steps[int(s)])) for s in d["step"]]
+    w = an.what_if
+    graphs = w[(w["change"] == "graphs") & w["step"].isin(d["step"][is_on])]
     return {"plain_on": [x for k, x in zip(plain_steps, p) if on(k)],
             "plain_off": [x for k, x in zip(plain_steps, p) if not on(k)],
             "rows_on": d[is_on], "rows_off": d[[not x for x in is_on]],
+            "graphs_projected_on": list(graphs["projected_us"]),
             "program_says": _program_line(run_dir.with_suffix(".log"))}
 
 
@@ -178,6 +181,13 @@ def main() -> int:
              {k: r[k] for k in ("chain-eager", "chain-compiled")},
              "expected: plain E2E(eager) - plain E2E(compiled); recovered: locality(eager) - locality(compiled)"),
     ]
+    # the what-if `graphs` of the eager steps against the graph steps of the same run (reported, not a known
+    # answer: the projection is labelled predicted)
+    projected = _iqm(launch["graphs_projected_on"])
+    twin = _iqm(launch["rows_off"]["span_us"])
+    graphs_check = {"case": "what-if graphs of the eager Llama steps against its graph steps", "projected_us": projected,
+                    "graph_steps_profiled_us": twin, "graph_steps_plain_us": _iqm(launch["plain_off"]),
+                    "error_against_profiled": round((projected - twin) / twin, 4)}
     cost = []  # what each record mode cost on the same eager forward: profiled against plain steps
     for run, record in (("llama-forward", "timing"), ("llama-forward-full", "full")):
         if (args.traces / run).is_dir():
@@ -195,6 +205,7 @@ def main() -> int:
     doc = {"metadata": {"kind": "known-answer-analyze", "hardware_profile": args.hardware,
                         "statistic": "interquartile mean over steps", "traces_recorded_by": recorded, **meta},
            "cases": out,
+           "what_if_check": graphs_check,
            "measurement_cost": cost}
     write_output(args.output, json.dumps(doc, indent=1) + "\n", args.force)
     for c in out:
@@ -202,6 +213,8 @@ def main() -> int:
               f"  {100 * c['error']:+6.1f}%  {'ok' if c['ok'] else 'MISSED'}"
               + (f"  (plain difference {c['plain_difference_us']:.1f} us: {100 * c['error_against_plain_difference']:+.1f}%)"
                  if "plain_difference_us" in c else ""), file=sys.stderr)
+    print(f"what-if graphs of the eager steps {projected:.1f} us against the graph steps {twin:.1f} us (profiled), "
+          f"{100 * graphs_check['error_against_profiled']:+.1f}%", file=sys.stderr)
     for c in cost:
         print(f"measuring ({c['record']}) {c['run']}: plain {c['plain_us']:.1f} us, profiled {c['instrumented_us']:.1f} us,"
               f" {c['cost_pct']:+.1f}%", file=sys.stderr)

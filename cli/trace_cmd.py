@@ -17,7 +17,11 @@ from taxes.trace import RECORDS
               help="Directory for the traces (rankR.json.gz), the plain step times and the report.")
 @click.option("--steps", type=int, default=5, show_default=True, help="Steps to profile.")
 @click.option("--plain", "plain_steps", type=int, default=5, show_default=True,
-              help="Steps timed without the profiler first (their device time: the plain step time).")
+              help="Steps timed without the profiler (their device time: the plain step time): before the profiled "
+                   "ones, or with --record timing in blocks alternating with them.")
+@click.option("--block", type=int, default=10, show_default=True,
+              help="With --record timing: plain and profiled steps alternate in blocks of this many, plain-profiled "
+                   "then profiled-plain, so a host whose speed drifts moves both alike (0: the plain steps first).")
 @click.option("--skip", type=int, default=3, show_default=True, help="Warm-up steps before anything is timed.")
 @click.option("--step", "signal", default="auto", show_default=True,
               help="What ends a step: auto (optimizer.step() or taxes.step()), nvtx:RANGE_NAME.")
@@ -30,7 +34,7 @@ from taxes.trace import RECORDS
 @click.option("--timeout-s", type=float, default=None, help="Stop the program after this long.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def trace(ctx, out_dir, steps, plain_steps, skip, signal, hardware_name, record, fmt, timeout_s, command):
+def trace(ctx, out_dir, steps, plain_steps, block, skip, signal, hardware_name, record, fmt, timeout_s, command):
     """Run COMMAND (a Python program, or torchrun ... for one trace per rank) with torch.profiler switched on
     from outside over a schedule of steps, time the same kind of steps without it, and analyze the traces:
     the three taxes of any PyTorch program, and what measuring cost."""
@@ -40,7 +44,7 @@ def trace(ctx, out_dir, steps, plain_steps, skip, signal, hardware_name, record,
 
     cmd = T.python_module_command(list(command))
     res = T.run(cmd, out_dir, steps=steps, plain=plain_steps, skip=skip, signal=signal, timeout_s=timeout_s,
-                record=record)
+                record=record, block=block)
     plain_path = os.path.join(out_dir, "plain.json")
     write_output(plain_path, json.dumps({str(r): v for r, v in res["plain"].items()}), force=True, announce=False)
     click.echo(f"taxes: traced {len(res['traces'])} rank(s) into {out_dir}; the program exited with "

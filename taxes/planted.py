@@ -13,9 +13,10 @@ rows recovered, and how the planted amount was known:
               checks that a longer spin (2X) moves no launch tax: planted = the change of the launching
               calls' own time the device waited through (API records: from each call's start until its
               kernel started, and from its kernel's end until the call returned), recovered = the change of
-              `launch`. Both runs spin: against no spin at all the launch row rises (+14 us of 342 on an
-              H100), because a spin drains the queue and exposes the part of each call that had overlapped
-              the previous kernel, and the spin slows the calls themselves (their time +9 us).
+              `launch`. Both runs spin: against no spin at all the launch row rises (by 14 and by 40 us
+              in two runs on an H100), because a spin drains the queue and exposes the part of each call
+              that had overlapped the previous kernel, and the spin slows the calls themselves (their own
+              time +9 and +32 us).
   locality    y = 2x then z = y + 1 (two kernels, y round-trips through HBM) against z = 2x + 1 (one kernel):
               planted = the change of kernel busy time; recovered = the `locality` row (2 |y| bytes x the
               time per byte of a 1 GiB device copy timed in the same run).

@@ -42,7 +42,7 @@ if _spec is not None:
 
 
 def run(command: list[str], out_dir: str, steps: int = 5, plain: int = 5, skip: int = 3, signal: str = "auto",
-        timeout_s: float | None = None, record: str = "full") -> dict:
+        timeout_s: float | None = None, record: str = "full", block: int = 10) -> dict:
     """Run `command` with the hook; returns {"returncode", "traces": [paths], "plain": {rank: [us]},
     "steps_seen": {rank: n}}. Raises TaxesError (one line) when nothing usable was recorded."""
     if not command:
@@ -57,8 +57,8 @@ def run(command: list[str], out_dir: str, steps: int = 5, plain: int = 5, skip: 
         why = available()
         if why:
             raise TaxesError(f"trace: --record timing records with cupti-python on a CUDA machine: {why}")
-    if steps < 1 or plain < 0 or skip < 0:
-        raise TaxesError("trace: --steps must be at least 1, --plain and --skip at least 0")
+    if steps < 1 or plain < 0 or skip < 0 or block < 0:
+        raise TaxesError("trace: --steps must be at least 1, --plain, --skip and --block at least 0")
     if signal != "auto" and signal != "optimizer" and signal != "taxes" and not signal.startswith("nvtx:"):
         raise TaxesError(f"trace: --step {signal!r}: use optimizer, taxes or nvtx:RANGE_NAME")
     out = Path(out_dir)
@@ -70,7 +70,8 @@ def run(command: list[str], out_dir: str, steps: int = 5, plain: int = 5, skip: 
         env = dict(os.environ)
         env["PYTHONPATH"] = hook_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.update(TAXES_TRACE_DIR=str(out.resolve()), TAXES_TRACE_STEPS=str(steps), TAXES_TRACE_PLAIN=str(plain),
-                   TAXES_TRACE_SKIP=str(skip), TAXES_TRACE_STEP=signal, TAXES_TRACE_RECORD=record)
+                   TAXES_TRACE_SKIP=str(skip), TAXES_TRACE_STEP=signal, TAXES_TRACE_RECORD=record,
+                   TAXES_TRACE_BLOCK=str(block))
         try:
             proc = subprocess.run(command, env=env, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -86,7 +87,7 @@ def run(command: list[str], out_dir: str, steps: int = 5, plain: int = 5, skip: 
     if not traces:
         n = max(seen.values(), default=0)
         why = ("the step hook never loaded (is taxes installed in the program's Python?)" if not seen else
-               f"it saw {n} step(s), fewer than --skip {skip} + --plain {plain} + 1 before profiling; lower them, "
+               f"it saw {n} step(s), too few to reach a profiled step after --skip {skip} and --plain {plain}; lower them, "
                "or mark steps with taxes.step() / --step nvtx:NAME")
         raise TaxesError(f"trace: no profiled steps ({why}); the program exited with {proc.returncode}")
     return {"returncode": proc.returncode, "traces": traces, "plain": plain_by_rank, "steps_seen": seen}

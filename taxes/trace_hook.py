@@ -19,13 +19,13 @@ What the profiler records (TAXES_TRACE_RECORD):
 - full: CPU and CUDA activities, shapes, memory and the execution trace, so analyze can name the ops and
   follow tensors (locality). Recording every op costs host time: a program whose host is the bottleneck
   (eager decoding, small batches) runs slower under it, and the measurement cost row says by how much.
-- timing: cupti-python's device activity records alone (kernels, copies and memsets), each kernel with the
-  time its launch was queued and submitted on the host (CUPTI's latency timestamps), and the step boundaries
-  stamped on CUPTI's clock, written as a Kineto trace (taxes.cupti_trace). torch.profiler, even with CUDA
-  activity only, calls back on every op to correlate it (+432% on a host-bound eager Llama forward with the
-  full record), and recording any runtime call makes CUPTI intercept all of them (+38% on the same forward);
-  what this record costs is measured in docs/analyze.md. No op names, shapes or tensors (no locality), no
-  synchronisation calls (their wait counts as host-bound).
+- timing: cupti-python's device activity records (kernels, copies and memsets), each eager kernel with the
+  time its launch was queued and submitted on the host (CUPTI's latency timestamps), of the host calls only
+  graph launches and synchronisations, and the profiled steps stamped on CUPTI's clock, written as a Kineto
+  trace (taxes.cupti_trace). torch.profiler, even with CUDA activity only, calls back on every op to
+  correlate it, and a CUPTI record of every launch call costs host time per launch: on a host-bound eager
+  Llama forward the full record cost +409%, launch calls recorded +38%, this record +21% (docs/analyze.md).
+  No op names, shapes or tensors (no locality).
 """
 
 from __future__ import annotations

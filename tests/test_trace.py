@@ -290,3 +290,22 @@ def test_the_hook_times_plain_blocks_and_pauses_the_recorder_between_profiled_on
     assert d["plain_steps"] == [3, 4, 9, 10, 11, 12] and d["profiled_steps"] == [5, 6, 7, 8, 13, 14]
     assert len(d["plain_step_us"]) == 6 and all(x > 0 for x in d["plain_step_us"])
     assert d["steps_seen"] == 15  # done after the last profiled step
+
+
+def test_the_timing_record_leaves_out_kernel_launch_calls_but_keeps_copies_graphs_and_syncs():
+    """Recorder(api="queued") records no kernel launch call (the kernel's latency timestamps stand in for
+    it) but does record what carries no latency timestamps (copies, memsets, graph launches) and the
+    synchronisations; the other modes record every launch call. Names as cupti-python spells its ids."""
+    from taxes.cupti import recorded_call_kind
+
+    rt, drv = "_runtime_api_trace_cbid__", "_driver_api_trace_cbid__"
+    queued = {n: recorded_call_kind(n, "queued") for n in (
+        rt + "cudaLaunchKernel_v7000", rt + "cudaLaunchKernel_ptsz_v7000", drv + "cuLaunchKernelEx",
+        rt + "cudaMemsetAsync_v3020", rt + "cudaMemcpyAsync_v3020", drv + "cuMemsetD32Async",
+        rt + "cudaGraphLaunch_v10000", rt + "cudaStreamSynchronize_v3020", rt + "cudaMalloc_v3020")}
+    assert [k for k, v in queued.items() if v is not None] == [
+        rt + "cudaMemsetAsync_v3020", rt + "cudaMemcpyAsync_v3020", drv + "cuMemsetD32Async",
+        rt + "cudaGraphLaunch_v10000", rt + "cudaStreamSynchronize_v3020"]
+    assert recorded_call_kind(rt + "cudaLaunchKernel_v7000", "all") == "launch"
+    assert recorded_call_kind(rt + "cudaMemsetAsync_v3020", "queued") == "launch"
+    assert recorded_call_kind(rt + "cudaGraphLaunch_v10000", "queued") == "graph"
