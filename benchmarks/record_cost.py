@@ -65,6 +65,9 @@ class Cupti:
         kinds = [K.CONCURRENT_KERNEL]
         if config in ("timing", "launch calls"):
             kinds += [K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER]
+        for kind in kinds:
+            c.activity_enable(kind)
+        if config in ("timing", "launch calls"):  # after the kinds are on, as taxes.cupti.Recorder does
             api = "queued" if config == "timing" else "all"
             for enum, enable in ((c.runtime_api_trace_cbid, c.activity_enable_runtime_api),
                                  (c.driver_api_trace_cbid, c.activity_enable_driver_api)):
@@ -73,8 +76,6 @@ class Cupti:
                         enable(int(member), 1 if recorded_call_kind(member.name, api) else 0)
                     except Exception:  # ids this driver does not know
                         pass
-        for kind in kinds:
-            c.activity_enable(kind)
         self.on = kinds
 
     def flush(self) -> None:
