@@ -12,6 +12,8 @@ moves every configuration alike. A step's time is the device time between CUDA e
                      calls: what `taxes trace --record timing` records
     launch calls     kernel, copy and memset records and every launch, graph-launch and synchronisation call
                      (what a record with API calls in every step costs)
+    callbacks        +latency, copy and memset records, and the graph-launch, copy, memset and
+                     synchronisation calls taken by CUPTI callbacks on those calls alone (no API records)
 
     python benchmarks/record_cost.py --out reports/record_cost/h100.json
 
@@ -28,7 +30,7 @@ import time
 
 import torch
 
-CONFIGS = ("plain", "kernels", "+latency", "timing", "launch calls")
+CONFIGS = ("plain", "kernels", "+latency", "timing", "launch calls", "callbacks")
 
 
 def iqm(xs) -> float:
@@ -48,6 +50,15 @@ class Cupti:
         self.records = 0
         cupti.activity_register_callbacks(lambda: (8 << 20, 0), self._take)
         self.on: list = []
+        self.calls: list = []
+        self.sub = cupti.subscribe(self._call, None)
+        from taxes.cupti import recorded_call_kind
+
+        self.cbids = [int(m) for m in cupti.runtime_api_trace_cbid if recorded_call_kind(m.name, "queued")]
+        self.callbacks = False
+
+    def _call(self, userdata, domain, cbid, cbdata) -> None:
+        self.calls.append((cbid, cbdata.callback_site, self.c.get_timestamp(), cbdata.correlation_id))
 
     def _take(self, activities) -> None:
         self.records += len(activities)
@@ -57,14 +68,23 @@ class Cupti:
         for kind in self.on:
             c.activity_disable(kind)
         self.on = []
+        if self.callbacks:
+            for cbid in self.cbids:
+                c.enable_callback(0, self.sub, c.CallbackDomain.RUNTIME_API, cbid)
+            self.callbacks = False
         if config == "plain":
             return
         from taxes.cupti import recorded_call_kind
 
-        c.activity_enable_latency_timestamps(1 if config in ("+latency", "timing") else 0)
+        c.activity_enable_latency_timestamps(1 if config in ("+latency", "timing", "callbacks") else 0)
         kinds = [K.CONCURRENT_KERNEL]
         if config in ("timing", "launch calls"):
             kinds += [K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER]
+        if config == "callbacks":
+            kinds += [K.MEMCPY, K.MEMSET]
+            for cbid in self.cbids:
+                c.enable_callback(1, self.sub, c.CallbackDomain.RUNTIME_API, cbid)
+            self.callbacks = True
         for kind in kinds:
             c.activity_enable(kind)
         if config in ("timing", "launch calls"):  # after the kinds are on, as taxes.cupti.Recorder does
@@ -124,7 +144,8 @@ def main() -> int:
     doc = {"program": "transformers Llama eager forward, 8 layers, hidden 1024, 64 tokens, bf16",
            "gpu": torch.cuda.get_device_name(), "torch_version": str(torch.__version__),
            "statistic": "interquartile mean of step times (CUDA events), blocks mirrored every round",
-           "block": args.block, "rounds": args.rounds, "records_seen": rec.records, "rows": rows,
+           "block": args.block, "rounds": args.rounds, "records_seen": rec.records,
+           "callbacks_seen": len(rec.calls), "rows": rows,
            "step_times_us": times}
     try:
         from taxes.provenance import collect
