@@ -7,9 +7,10 @@ moves every configuration alike. A step's time is the device time between CUDA e
 `taxes trace` times its plain steps; each block's first step (after the switch) is left out.
 
     kernels          kernel activity records (CONCURRENT_KERNEL)
-    +latency         and each kernel's queued and submitted times (latency timestamps)
-    timing           and copy and memset records, and the graph-launch, copy, memset and synchronisation
-                     calls: what `taxes trace --record timing` records
+    +latency         and each kernel's queued and submitted times (latency timestamps), and copy and memset
+                     records: what `taxes trace --record timing` records
+    +calls           and the graph-launch, copy, memset and synchronisation calls as API records (the
+                     other calls switched off)
     launch calls     kernel, copy and memset records and every launch, graph-launch and synchronisation call
                      (what a record with API calls in every step costs)
     callbacks        +latency, copy and memset records, and the graph-launch, copy, memset and
@@ -30,7 +31,18 @@ import time
 
 import torch
 
-CONFIGS = ("plain", "kernels", "+latency", "timing", "launch calls", "callbacks")
+CONFIGS = ("plain", "kernels", "+latency", "+calls", "launch calls", "callbacks")
+
+
+def recorded_call_kind(cbid_name: str, api: str) -> str | None:
+    """Which calls a configuration records: api "all", every launch, graph-launch and synchronisation call;
+    "queued", those but the kernel launches (copies, memsets, graph launches, synchronisations)."""
+    from taxes.timeline import api_kind, api_name
+
+    kind = api_kind(cbid_name)
+    if api == "queued" and kind == "launch" and "Launch" in api_name(cbid_name):
+        return None
+    return kind
 
 
 def iqm(xs) -> float:
@@ -52,8 +64,6 @@ class Cupti:
         self.on: list = []
         self.calls: list = []
         self.sub = cupti.subscribe(self._call, None)
-        from taxes.cupti import recorded_call_kind
-
         self.cbids = [int(m) for m in cupti.runtime_api_trace_cbid if recorded_call_kind(m.name, "queued")]
         self.callbacks = False
 
@@ -74,11 +84,11 @@ class Cupti:
             self.callbacks = False
         if config == "plain":
             return
-        from taxes.cupti import recorded_call_kind
-
-        c.activity_enable_latency_timestamps(1 if config in ("+latency", "timing", "callbacks") else 0)
+        c.activity_enable_latency_timestamps(1 if config in ("+latency", "+calls", "callbacks") else 0)
         kinds = [K.CONCURRENT_KERNEL]
-        if config in ("timing", "launch calls"):
+        if config == "+latency":
+            kinds += [K.MEMCPY, K.MEMSET]
+        if config in ("+calls", "launch calls"):
             kinds += [K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER]
         if config == "callbacks":
             kinds += [K.MEMCPY, K.MEMSET]
@@ -87,8 +97,8 @@ class Cupti:
             self.callbacks = True
         for kind in kinds:
             c.activity_enable(kind)
-        if config in ("timing", "launch calls"):  # after the kinds are on, as taxes.cupti.Recorder does
-            api = "queued" if config == "timing" else "all"
+        if config in ("+calls", "launch calls"):  # after the kinds are on, as taxes.cupti.Recorder does
+            api = "queued" if config == "+calls" else "all"
             for enum, enable in ((c.runtime_api_trace_cbid, c.activity_enable_runtime_api),
                                  (c.driver_api_trace_cbid, c.activity_enable_driver_api)):
                 for member in enum:

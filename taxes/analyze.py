@@ -105,6 +105,10 @@ def analyze_rank(path: str, patterns: tuple = (), et_path: str | None = None, si
             how = ("no step marks and no repeating kernel sequence: the window is the whole trace, from the first "
                    "GPU activity's start to the last one's end")
         warnings.append(f"rank {rank}: {how}")
+    if info.get("inferred_launches"):
+        warnings.append(f"rank {rank}: {info['inferred_launches']} launches placed, not recorded (a timing record "
+                        "keeps no host calls: copies, memsets and graph replays carry no launch times); the idle "
+                        "before each is measured, its split between launch and host_bound estimated")
     unlaunched = np.isnan(launch_us) & (step_of < 0)
     if unlaunched.any() and len(steps):
         warnings.append(f"rank {rank}: {int(unlaunched.sum())} GPU activities have no launch call in the trace "
@@ -444,7 +448,8 @@ def analysis_document(an: Analysis) -> dict:
     meta.update({"torch_version": info0.get("torch_version"), "triton_version": info0.get("triton_version"),
                  "cuda_version": info0.get("cuda_version") or info0.get("hip_version"),
                  "nccl_version": info0.get("nccl_version"), "gpu_names": [an.devices[r] or "unknown" for r in ranks],
-                 "windows": {str(r): an.windows_how[r] for r in ranks}})
+                 "windows": {str(r): an.windows_how[r] for r in ranks},
+                 "trace_record": info0.get("record")})
     plain = an.plain
     cost, p = plain.get("measurement_cost_us"), plain.get("plain_e2e_us")
     variant = {

@@ -44,11 +44,10 @@ class Recorder(HostStamps):
         """api: which iterations record launch and synchronisation calls: "all", or "warmup" (until
         api_off(); the timed iterations then record device activities alone, which costs much less on the
         host, and their launches are placed from the host stamps and the warm-up's launch sequence), or
-        "queued": of the host calls only graph launches, copies, memsets and synchronisations (a few per
-        step; recorded_call_kind), each eager kernel instead carrying the time its launch was queued and
-        submitted on the host (CUPTI's latency timestamps), which stand in for its launch call
-        (taxes.cupti_trace). A graph replay's kernels carry no usable latency timestamps (on an H100, CUDA
-        13: those of the last eager launch before the replay), so their graph launch is recorded as a call."""
+        "queued": no host calls at all (recording any runtime or driver call, or a callback on a few, made
+        CUPTI intercept every one: +14-20% of a host-bound eager step, benchmarks/record_cost.py), each eager
+        kernel instead carrying the time its launch was queued and submitted on the host (CUPTI's latency
+        timestamps), which stand in for its launch call (taxes.cupti_trace)."""
         from cupti import cupti
 
         super().__init__()
@@ -59,7 +58,8 @@ class Recorder(HostStamps):
         self._calls: list = []
         self._kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET,
                        cupti.ActivityKind.MEMCPY2]
-        self._kinds += [cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER]
+        if api != "queued":
+            self._kinds += [cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER]
         self._names: dict = {}
         self.now_raw = cupti.get_timestamp
 
@@ -76,17 +76,18 @@ class Recorder(HostStamps):
             c.activity_enable_latency_timestamps(1)
         for kind in self._kinds:
             c.activity_enable(kind)
-        self._select_apis()
+        if self.api != "queued":
+            self._select_apis()
         return self
 
     def _select_apis(self) -> None:
-        """Record only the host calls a timeline needs (recorded_call_kind): every other runtime and driver
-        call off."""
+        """Record only the host calls a timeline needs (launch, graph launch, synchronisation): every other
+        runtime and driver call off."""
         c = self._c
         for enum, enable in ((c.runtime_api_trace_cbid, c.activity_enable_runtime_api),
                              (c.driver_api_trace_cbid, c.activity_enable_driver_api)):
             for member in enum:
-                kind = recorded_call_kind(member.name, self.api)
+                kind = api_kind(member.name)
                 if kind is not None:
                     self._names[(enum.__name__, int(member))] = (api_name(member.name), kind)
                 try:
@@ -150,16 +151,6 @@ class Recorder(HostStamps):
         calls = pd.DataFrame(self._calls, columns=["name", "kind", "start_us", "end_us", "correlation", "tid"])
         self._acts, self._calls = [], []
         return graph_correlations(acts), calls
-
-
-def recorded_call_kind(cbid_name: str, api: str) -> str | None:
-    """The kind (launch, graph, sync) under which a Recorder(api) records this runtime or driver call, None
-    for a call it does not record. api="queued" leaves out the kernel launches (their kernels' latency
-    timestamps stand in for them) but keeps copies' and memsets' launch calls, which carry none."""
-    kind = api_kind(cbid_name)
-    if api == "queued" and kind == "launch" and "Launch" in api_name(cbid_name):
-        return None
-    return kind
 
 
 def graph_correlations(acts: pd.DataFrame) -> pd.DataFrame:

@@ -308,6 +308,9 @@ def trace_info(meta: dict, path: Path, origin_us: int) -> dict:
         "hip_version": text(hip),
         "torch_version": text(meta.get("torch_version") or meta.get("pytorch_version")),
         "triton_version": text(meta.get("triton_version")),
+        "record": text(meta.get("taxes_trace_record")),
+        "inferred_launches": int(meta["taxes_inferred_launches"]) if _is_number(meta.get("taxes_inferred_launches"))
+        and 0 <= meta["taxes_inferred_launches"] < 2**53 else 0,
         "base_ns": int(base) if _is_number(base) else 0,
         "origin_us": origin_us,
     }
