@@ -44,8 +44,8 @@ class Recorder(HostStamps):
         """api: which iterations record launch and synchronisation calls: "all", or "warmup" (until
         api_off(); the timed iterations then record device activities alone, which costs much less on the
         host, and their launches are placed from the host stamps and the warm-up's launch sequence), or
-        "queued": no host calls at all (recording any runtime or driver call, or a callback on a few, made
-        CUPTI intercept every one: +14-20% of a host-bound eager step, benchmarks/record_cost.py), each eager
+        "queued": no host calls at all (recording any runtime call made CUPTI intercept every one: +12-20%
+        of a host-bound eager step, benchmarks/record_cost.py), each eager
         kernel instead carrying the time its launch was queued and submitted on the host (CUPTI's latency
         timestamps), which stand in for its launch call (taxes.cupti_trace)."""
         from cupti import cupti

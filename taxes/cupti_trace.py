@@ -5,8 +5,8 @@ Kernels, copies and memsets become device events (with their launch's correlatio
 kernels carry the graph launch's), recorded host calls runtime or driver events, and the host's profiled
 steps (stamped on CUPTI's clock) ProfilerStep#N ranges on the thread that launched most.
 
-A timing record holds no host calls (taxes.cupti.Recorder(api="queued"): intercepting any runtime call made
-CUPTI intercept every one, +14-20% of a host-bound step on top of the kernels' own records; see
+A timing record holds no host calls (taxes.cupti.Recorder(api="queued"): recording any runtime call made
+CUPTI intercept every one, +12-20% of a host-bound step on top of the kernels' own records; see
 benchmarks/record_cost.py). Each eager kernel's launch is then [queued, submitted], the times CUPTI saw it
 queued and submitted on the host (latency timestamps; launches_from_queued). Copies, memsets and graph
 replays carry no latency timestamps of their own (a replay's kernels carry the last eager launch's), so

@@ -20,12 +20,11 @@ What the profiler records (TAXES_TRACE_RECORD):
   follow tensors (locality). Recording every op costs host time: a program whose host is the bottleneck
   (eager decoding, small batches) runs slower under it, and the measurement cost row says by how much.
 - timing: cupti-python's device activity records (kernels, copies and memsets), each eager kernel with the
-  time its launch was queued and submitted on the host (CUPTI's latency timestamps), of the host calls only
-  graph launches and synchronisations, and the profiled steps stamped on CUPTI's clock, written as a Kineto
-  trace (taxes.cupti_trace). torch.profiler, even with CUDA activity only, calls back on every op to
-  correlate it, and a CUPTI record of every launch call costs host time per launch: on a host-bound eager
-  Llama forward the full record cost +409%, launch calls recorded +38%, this record +21% (docs/analyze.md).
-  No op names, shapes or tensors (no locality).
+  time its launch was queued and submitted on the host (CUPTI's latency timestamps), no host calls, and the
+  profiled steps stamped on CUPTI's clock, written as a Kineto trace (taxes.cupti_trace). torch.profiler,
+  even with CUDA activity only, calls back on every op to correlate it, and any CUPTI record of host calls
+  intercepts them all: on a host-bound eager Llama forward the full record cost +443%, launch calls
+  recorded +14-27%, this record +3-7% (docs/analyze.md). No op names, shapes or tensors (no locality).
 """
 
 from __future__ import annotations
