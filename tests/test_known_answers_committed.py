@@ -1,0 +1,48 @@
+"""The committed known answers (reports/known_answer/h100-x1.json) against the attribution as it is now:
+the rows each case recovered are recomputed from the run's raw records, so a change of the rules that moves
+a recovered tax fails here until the case is measured again."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from committed import committed
+
+
+@pytest.fixture(scope="module")
+def run():
+    from taxes.instrument import raw_from_columns
+    from taxes.planted import attributed
+
+    doc = json.loads(committed("reports/known_answer/h100-x1.json").read_text())
+    recs = json.loads(gzip.decompress(committed("reports/known_answer/h100-x1.records.json.gz").read_bytes()))
+
+    def rows(key):
+        return attributed([{"raw": raw_from_columns(r), "plain": [], "comm": (), "locality_bytes": 0.0,
+                            "us_per_byte": None} for r in recs[key]])
+
+    return {r["case"]: r for r in doc["rows"]}, rows
+
+
+def test_every_committed_known_answer_is_within_its_tolerance(run):
+    cases, _ = run
+    assert len(cases) >= 5
+    for case, r in cases.items():
+        tol = max(0.10 * abs(r["planted_us"]), 2.0)
+        assert abs(r["recovered_us"] - r["planted_us"]) <= tol and r["ok"], case
+
+
+@pytest.mark.parametrize("case, recompute", [
+    ("extra small kernels", lambda A: A("extra")["rows"]["launch"] - A("base")["rows"]["launch"]),
+    ("host spin before each launch", lambda A: A("spin")["rows"]["host_bound"] - A("base")["rows"]["host_bound"]),
+    ("a longer host spin leaves launch unchanged",
+     lambda A: A("spin_more")["rows"]["launch"] - A("spin")["rows"]["launch"]),
+    ("the launch case replayed from a CUDA graph",
+     lambda A: sum(A("extra")["rows"][k] - A("graph")["rows"][k] for k in ("launch", "host_bound"))),
+])
+def test_the_recovered_taxes_follow_from_the_records_by_todays_rules(run, case, recompute):
+    cases, rows = run
+    assert recompute(rows) == pytest.approx(cases[case]["recovered_us"], rel=1e-6, abs=1e-6)
