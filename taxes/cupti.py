@@ -20,7 +20,6 @@ import pandas as pd
 from taxes.timeline import HostStamps, api_kind, api_name
 
 _STATE: dict = {}  # the process's one registration with CUPTI
-BUFFER_BYTES = 64 << 20  # one CUPTI activity buffer: some 250k kernel records
 UNKNOWN = (1 << 64) - 1  # CUPTI_TIMESTAMP_UNKNOWN: a latency timestamp it could not take
 
 
@@ -70,10 +69,7 @@ class Recorder(HostStamps):
     def start(self) -> "Recorder":
         c = self._c
         if "registered" not in _STATE:
-            # CUPTI hands a full buffer to _on_buffer mid-run, and converting it holds the GIL (8 MiB, some
-            # 40k records: a 43-92 ms step on the H100): buffers large enough that a recording of tens of
-            # steps fills none before stop() flushes it
-            c.activity_register_callbacks(lambda: (BUFFER_BYTES, 0), _on_buffer)
+            c.activity_register_callbacks(lambda: (8 << 20, 0), _on_buffer)
             _STATE["registered"] = True
         _STATE["sink"] = self
         if self.api == "queued":
