@@ -147,7 +147,7 @@ def main() -> int:
     ap.add_argument("traces", type=Path, help="the directory benchmarks/gpu_run.sh traces wrote (one folder per run)")
     ap.add_argument("--hardware", required=True, help="hardware profile of the GPU the traces ran on")
     ap.add_argument("--skip", type=int, default=5, help="the traces' --skip (gpu_run.sh: 5)")
-    ap.add_argument("--plain", type=int, default=40, help="the Llama traces' --plain (gpu_run.sh: 40)")
+    ap.add_argument("--plain", type=int, default=80, help="the Llama traces' --plain (gpu_run.sh: 80)")
     ap.add_argument("-o", "--output", default="-")
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args()

@@ -54,8 +54,8 @@ fi
 
 if [[ "$stages" == *" traces "* ]]; then
     # the known answers of benchmarks/analyze_known_answers.py: the host-bound Llama runs recorded with --record
-    # timing (cupti-python), the chain with --record full (it needs tensors for locality); 40 plain and 40
-    # profiled steps of the Llama, 20 and 20 of the chain
+    # timing (cupti-python), the chain with --record full (it needs tensors for locality); 80 plain and 80
+    # profiled steps of the Llama (its host time varies by a third from step to step), 20 and 20 of the chain
     T="$OUT/traces"; mkdir -p "$T"
     run() {  # NAME SECONDS RECORD STEPS ARGS...
         local name=$1 secs=$2 record=$3 n=$4; shift 4
@@ -64,9 +64,9 @@ if [[ "$stages" == *" traces "* ]]; then
         echo "$name: exit $? $(grep -E '^llama|^chain|traced|error' "$T/$name.log" | tr '\n' ' ')"
     }
     HW=reports/calibration/$GPU-x1-calibrated.json
-    run llama-alternate 90 timing 40 python3 benchmarks/programs/llama.py --mode alternate --steps 90
-    run llama-forward 90 timing 40 python3 benchmarks/programs/llama.py --mode forward --steps 90
-    run llama-spin-alternate 90 timing 40 python3 benchmarks/programs/llama.py --mode forward --steps 90 --spin-us 200 \
+    run llama-alternate 100 timing 80 python3 benchmarks/programs/llama.py --mode alternate --steps 170
+    run llama-forward 100 timing 80 python3 benchmarks/programs/llama.py --mode forward --steps 170
+    run llama-spin-alternate 100 timing 80 python3 benchmarks/programs/llama.py --mode forward --steps 170 --spin-us 200 \
         --spin-every 2
     run chain-eager 60 full 20 python3 benchmarks/programs/chain.py --mode eager --steps 50
     run chain-compiled 120 full 20 python3 benchmarks/programs/chain.py --mode compiled --steps 50
