@@ -55,11 +55,14 @@ fi
 if [[ "$stages" == *" traces "* ]]; then
     # the known answers of benchmarks/analyze_known_answers.py: the host-bound Llama runs recorded with --record
     # timing (cupti-python), the chain with --record full (it needs tensors for locality); 80 plain and 80
-    # profiled steps of the Llama (its host time varies by a third from step to step), 20 and 20 of the chain
+    # profiled steps of the Llama (its host time varies by a third from step to step), 20 and 20 of the chain;
+    # the timing record's plain and profiled steps alternate in blocks of 2 (the host's speed moved between
+    # regimes every second or two)
     T="$OUT/traces"; mkdir -p "$T"
     run() {  # NAME SECONDS RECORD STEPS ARGS...
         local name=$1 secs=$2 record=$3 n=$4; shift 4
-        timeout "$secs" taxes trace --out "$T/$name" --record "$record" --steps "$n" --plain "$n" --skip 5 --format json \
+        timeout "$secs" taxes trace --out "$T/$name" --record "$record" --steps "$n" --plain "$n" --block "${BLOCK:-2}" \
+            --skip 5 --format json \
             --hardware "$HW" -- "$@" > "$T/$name.log" 2>&1
         echo "$name: exit $? $(grep -E '^llama|^chain|traced|error' "$T/$name.log" | tr '\n' ' ')"
     }
