@@ -232,7 +232,7 @@ def main() -> int:
     meta = collect()
     recorded = sorted({c for n in need if (c := recorded_at(args.traces / n))})
     doc = {"metadata": {"kind": "known-answer-analyze", "hardware_profile": args.hardware,
-                        "statistic": "interquartile mean over steps", "traces_recorded_by": recorded, **meta},
+                        "statistic": "alternating runs: interquartile mean of each step less its neighbours of the other kind; others: interquartile mean over steps", "traces_recorded_by": recorded, **meta},
            "cases": out,
            "what_if_check": graphs_check,
            "measurement_cost": cost}
