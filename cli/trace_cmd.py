@@ -19,7 +19,7 @@ from taxes.trace import RECORDS
 @click.option("--plain", "plain_steps", type=int, default=5, show_default=True,
               help="Steps timed without the profiler (their device time: the plain step time): before the profiled "
                    "ones, or with --record timing in blocks alternating with them.")
-@click.option("--block", type=int, default=10, show_default=True,
+@click.option("--block", type=int, default=2, show_default=True,
               help="With --record timing: plain and profiled steps alternate in blocks of this many, plain-profiled "
                    "then profiled-plain, so a host whose speed drifts moves both alike (0: the plain steps first).")
 @click.option("--skip", type=int, default=3, show_default=True, help="Warm-up steps before anything is timed.")

@@ -42,7 +42,7 @@ if _spec is not None:
 
 
 def run(command: list[str], out_dir: str, steps: int = 5, plain: int = 5, skip: int = 3, signal: str = "auto",
-        timeout_s: float | None = None, record: str = "full", block: int = 10) -> dict:
+        timeout_s: float | None = None, record: str = "full", block: int = 2) -> dict:
     """Run `command` with the hook; returns {"returncode", "traces": [paths], "plain": {rank: [us]},
     "steps_seen": {rank: n}}. Raises TaxesError (one line) when nothing usable was recorded."""
     if not command:

@@ -23,8 +23,8 @@ What the profiler records (TAXES_TRACE_RECORD):
   time its launch was queued and submitted on the host (CUPTI's latency timestamps), no host calls, and the
   profiled steps stamped on CUPTI's clock, written as a Kineto trace (taxes.cupti_trace). torch.profiler,
   even with CUDA activity only, calls back on every op to correlate it, and any CUPTI record of host calls
-  intercepts them all: on a host-bound eager Llama forward the full record cost +443%, launch calls
-  recorded +14-27%, this record +3-7% (docs/analyze.md). No op names, shapes or tensors (no locality).
+  intercepts them all: on a host-bound eager Llama forward the full record cost +312-443%, launch
+  calls recorded +14-27%, this record +2-7% (docs/analyze.md). No op names, shapes or tensors (no locality).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def install() -> None:
     _STATE["cfg"] = {"dir": env["TAXES_TRACE_DIR"], "skip": int(env.get("TAXES_TRACE_SKIP", "3")),
                      "plain": int(env.get("TAXES_TRACE_PLAIN", "5")), "steps": int(env.get("TAXES_TRACE_STEPS", "5")),
                      "signal": env.get("TAXES_TRACE_STEP", "auto"), "record": env.get("TAXES_TRACE_RECORD", "full"),
-                     "block": int(env.get("TAXES_TRACE_BLOCK", "10")),
+                     "block": int(env.get("TAXES_TRACE_BLOCK", "2")),
                      "rank": int(env.get("RANK", env.get("LOCAL_RANK", "0")))}
     cfg = _STATE["cfg"]
     block = cfg["block"] if cfg["record"] == "timing" else 0
