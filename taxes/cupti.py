@@ -45,9 +45,9 @@ class Recorder(HostStamps):
         api_off(); the timed iterations then record device activities alone, which costs much less on the
         host, and their launches are placed from the host stamps and the warm-up's launch sequence), or
         "queued": no host calls at all (recording any runtime call made CUPTI intercept every one: +12-20%
-        of a host-bound eager step, benchmarks/record_cost.py), each eager
-        kernel instead carrying the time its launch was queued and submitted on the host (CUPTI's latency
-        timestamps), which stand in for its launch call (taxes.cupti_trace)."""
+        of a host-bound eager step, benchmarks/record_cost.py), each eager kernel instead carrying the time
+        its launch was queued and submitted on the host (CUPTI's latency timestamps), which stand in for its
+        launch call (taxes.cupti_trace)."""
         from cupti import cupti
 
         super().__init__()
@@ -98,7 +98,7 @@ class Recorder(HostStamps):
     def pause(self) -> None:
         """No records from here until resume() (what is recorded stays for stop()). Flushed first, with the
         device idle: a graph replay's kernel records still open when their kind was switched off came back
-        ending when it was switched on again (a 40-75 ms kernel on the H100)."""
+        ending when it was switched on again (kernels of 40 to 92 ms on the H100)."""
         self._c.activity_flush_all(1)
         for kind in self._kinds:
             self._c.activity_disable(kind)

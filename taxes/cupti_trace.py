@@ -29,9 +29,9 @@ def to_kineto(acts: pd.DataFrame, calls: pd.DataFrame, windows_us: list[tuple[fl
     order (steps recorded in blocks leave gaps between them); meta: device (index), gpu (name), pid, rank,
     world_size, and versions (torch_version, ...)."""
     pid, dev = int(meta.get("pid", 1)), int(meta.get("device", 0))
+    tid = int(calls["tid"].mode().iloc[0]) if len(calls) else int(meta.get("tid", 0))  # the launching thread
     inferred = 0
     if "queued_us" in acts:
-        tid = int(calls["tid"].mode().iloc[0]) if len(calls) else int(meta.get("tid", 0))
         eager = acts[~acts["correlation"].isin(calls["correlation"])]
         calls = _concat(calls, launches_from_queued(eager, tid))
         unseen = acts[~acts["correlation"].isin(calls["correlation"])]
@@ -51,7 +51,6 @@ def to_kineto(acts: pd.DataFrame, calls: pd.DataFrame, windows_us: list[tuple[fl
             args["inferred"] = "placed one launch latency before its activity (no launch time recorded)"
         events.append({"ph": "X", "cat": "cuda_driver" if driver else "cuda_runtime", "name": str(c.name), "pid": pid,
                        "tid": int(c.tid), "ts": float(c.start_us), "dur": float(c.end_us - c.start_us), "args": args})
-    tid = int(calls["tid"].mode().iloc[0]) if len(calls) else int(meta.get("tid", 0))
     for i, (a, b) in enumerate(windows_us):
         events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": pid, "tid": tid,
                        "ts": float(a), "dur": float(b - a), "args": {}})
