@@ -39,6 +39,7 @@ import sys
 from pathlib import Path
 
 from taxes import analyze as A
+from taxes.attribute import iqm as _iqm  # the interquartile mean of docs/method.md
 from taxes.io import write_output
 from taxes.provenance import collect
 
@@ -122,14 +123,6 @@ def _summary(pr: dict, rows: tuple) -> dict:
             "profiled_span_us": [_iqm(on["span_us"]), _iqm(off["span_us"])],
             "rows_us": {r: [_iqm(on[r]), _iqm(off[r])] for r in rows},
             "program_says": pr["program_says"]}
-
-
-def _iqm(values) -> float:
-    """The interquartile mean (docs/method.md): sorted, a quarter dropped at each end, the rest averaged."""
-    x = sorted(float(v) for v in values)
-    k = len(x) // 4
-    rest = x[k:len(x) - k]
-    return sum(rest) / len(rest)
 
 
 def recorded_at(run_dir: Path) -> str | None:

@@ -31,6 +31,8 @@ import time
 
 import torch
 
+from taxes.attribute import iqm
+
 CONFIGS = ("plain", "kernels", "+latency", "+calls", "launch calls", "callbacks")
 
 
@@ -43,13 +45,6 @@ def recorded_call_kind(cbid_name: str, api: str) -> str | None:
     if api == "queued" and kind == "launch" and "Launch" in api_name(cbid_name):
         return None
     return kind
-
-
-def iqm(xs) -> float:
-    x = sorted(xs)
-    k = len(x) // 4
-    rest = x[k:len(x) - k]
-    return sum(rest) / len(rest)
 
 
 class Cupti:
