@@ -58,6 +58,7 @@ VARIANTS = names("flash-decode")  # the variants with kernels here (taxes.varian
 TRACE_WORDS = tl.constexpr(3)  # per program of a traced fused combine: start ns, ns spent waiting for peers, end ns
 SENTINEL_BITS = 0x7F80DEAD  # a NaN payload float arithmetic never produces (it yields 0x7FC00000)
 SDPA_LSE_BACKENDS = ("cudnn", "flash", "efficient")  # bsp-sdpa's local attention, tried in this order
+PACK_ROWS = 16  # rows per program of pack_kernel
 
 
 # ---- kernels --------------------------------------------------------------------------------------
@@ -98,6 +99,25 @@ def combine_kernel(part_ptr, out_ptr, R, n_sets, stride_row, stride_set, D: tl.c
         tl.store(dst + D, lse, mask=row_ok)
     else:
         tl.store(out_ptr + rows64[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def pack_kernel(o_ptr, lse_ptr, dst_ptr, R, Hkv, G, so_b, so_h, so_g, sl_b, sl_h, sl_g, lse_scale,
+                D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """dst[r] = (o[r] as float32, lse[r] * lse_scale) for R = B x Hkv x G rows: PyTorch attention's
+    output and log-sum-exp, at whatever strides its backend left them, packed as our partial in one
+    launch (bsp-sdpa; a copy and a multiply were two launches and two calls on the host)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < R
+    g = rows % G
+    h = (rows // G) % Hkv
+    b = rows // (G * Hkv)
+    d = tl.arange(0, D)
+    o = tl.load(o_ptr + (b.to(tl.int64) * so_b + h * so_h + g * so_g)[:, None] + d[None, :], mask=row_ok[:, None])
+    lse = tl.load(lse_ptr + b.to(tl.int64) * sl_b + h * sl_h + g * sl_g, mask=row_ok)
+    dst = dst_ptr + rows.to(tl.int64) * (D + 1)
+    tl.store(dst[:, None] + d[None, :], o.to(tl.float32), mask=row_ok[:, None])
+    tl.store(dst + D, lse.to(tl.float32) * lse_scale, mask=row_ok)
 
 
 @triton.jit
@@ -281,9 +301,17 @@ class FlashDecode:
             o, lse = attention_partial_f32(q, k, v)
         else:
             o, lse = self._sdpa_run(q, k, v)
-        packed = self.local.view(B, Hkv, G, D + 1)
-        packed[..., :D].copy_(o.reshape(B, Hkv, G, D))
-        torch.mul(lse.reshape(B, Hkv, G), LOG2E, out=packed[..., D])  # one kernel, no temporary
+        o, lse = o.view(B, Hkv, G, D), lse.view(B, Hkv, G)  # views (the emulated path's o is B x Hq x D)
+        if o.stride(3) != 1:
+            o = o.contiguous()
+        # the attention allocates o and lse anew each call: one binding per layout, their addresses swapped in
+        key = ("pack", o.dtype, o.stride(), lse.dtype, lse.stride())
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bound.put(key, BoundLaunch(pack_kernel, (triton.cdiv(self.R, PACK_ROWS),), (
+                o, lse, self.local, self.R, Hkv, G, *o.stride()[:3], *lse.stride(), LOG2E),
+                dict(D=D, BLOCK_R=PACK_ROWS, num_warps=4)))
+        bound(o_ptr=o, lse_ptr=lse)
 
     def _sdpa_run(self, q, k, v):
         if self.sdpa_backend is not None:

@@ -40,6 +40,7 @@ from taxes.kernels.runtime import interpreting
 # Triton 3.6's C launcher: gridX, gridY, gridZ, stream, function, cooperative, pdl, global scratch,
 # profile scratch, kernel metadata, launch metadata, enter hook, exit hook; then the kernel's arguments
 _LAUNCHER_BASE_FORMAT = "iiiKKppOOOOOO"
+_FIXED_ARGS = 9  # of `rest` (BoundLaunch._prepare): function, cooperative, pdl, scratch x2, metadata x2, hooks x2
 
 
 def buffer_key(t: torch.Tensor) -> tuple:
@@ -136,7 +137,13 @@ class BoundLaunch:
     The first call launches through Triton's JIT path and keeps the compiled kernel; on a GPU whose
     launcher `direct_launch_supported`, later calls go straight to the C launcher with the arguments
     prepared then, on the device that was current at the first call (a rank never changes device).
-    The arguments' tensors are held, so their addresses stay theirs."""
+    The arguments' tensors are held, so their addresses stay theirs.
+
+    call(name=tensor, ...) swaps pointer arguments for this call only: for inputs that another library
+    allocates anew every call (PyTorch attention's output), where a binding per address would never be
+    reused. The caller keys such a binding on everything but those addresses (shape, strides, dtype), and
+    keeps the tensors alive until the launch is issued; an address off the 16-byte alignment the kernel
+    was compiled for goes through the JIT path."""
 
     def __init__(self, fn, grid, args: tuple, kwargs: dict):
         self.fn, self.grid, self.args, self.kwargs = fn, tuple(grid) + (1,) * (3 - len(grid)), tuple(args), dict(kwargs)
@@ -144,14 +151,21 @@ class BoundLaunch:
         self._direct = None  # (C launch, device index, arguments after the stream)
         self._may_go_direct = not interpreting()
 
-    def __call__(self) -> None:
+    def __call__(self, **fresh) -> None:
         direct = self._direct
-        if direct is not None and _launch_hooks_idle():
+        if direct is not None and _launch_hooks_idle() and all(t.data_ptr() % 16 == 0 for t in fresh.values()):
             launch, device, rest = direct
+            if fresh:
+                rest = list(rest)
+                for name, t in fresh.items():
+                    rest[self._slots[name]] = t.data_ptr()
             gx, gy, gz = self.grid
             launch(gx, gy, gz, torch._C._cuda_getCurrentRawStream(device), *rest)
             return
-        kernel = self.fn[self.grid](*self.args, **self.kwargs)
+        args = self.args
+        if fresh:
+            args = tuple(fresh.get(name, a) for name, a in zip(self.fn.arg_names, args))
+        kernel = self.fn[self.grid](*args, **self.kwargs)
         if self.mode == "unlaunched":
             if hasattr(kernel, "result"):  # compiled asynchronously: by now it has been launched, so it is done
                 kernel = kernel.result()
@@ -170,6 +184,7 @@ class BoundLaunch:
         n_descs = sum(1 for s in kernel.src.signature.values() if isinstance(s, str) and s.startswith("tensordesc"))
         metas = metas or [None] * n_descs
         prepared, d = [], 0
+        self._slots = {}  # pointer argument -> its index in `rest` (call's swaps)
         for name, sig in kernel.src.signature.items():
             value = values[name]
             if isinstance(sig, tuple):
@@ -178,10 +193,12 @@ class BoundLaunch:
                 prepared.extend(make_tensordesc_arg(value, metas[d]))  # the CUtensorMap, encoded once
                 d += 1
             elif sig.startswith("*") and hasattr(value, "data_ptr"):
+                self._slots[name] = _FIXED_ARGS + len(prepared)
                 prepared.append(value.data_ptr())  # an integer: the launcher skips its pointer query
             else:
                 prepared.append(value)
         device = torch.cuda.current_device()
         rest = (kernel.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
                 kernel.packed_metadata, None, None, None, *prepared)
+        assert len(rest) - len(prepared) == _FIXED_ARGS
         return _raw_launch(launcher), device, rest

@@ -12,6 +12,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
+import triton
 from rank_jobs import flash_decode_job
 
 from taxes.kernels import flash_decode as fd
@@ -189,6 +190,23 @@ def test_combine_math_is_safe_for_far_apart_log_sum_exps():
     merged = (w[0] * o1 + w[1] * o2) / w.sum()
     assert torch.isfinite(merged).all() and torch.allclose(merged, o1, atol=1e-6)
     assert math.isfinite(float(m + torch.log2(w.sum())))
+
+
+def test_pack_kernel_packs_attention_outputs_at_any_strides():
+    """PyTorch's attention leaves o transposed (flash) and lse padded (efficient); the pack reads both by
+    their strides, once per row: o as float32, lse times the given scale."""
+    from taxes.kernels.flash_decode import pack_kernel
+
+    B, Hkv, G, D = 2, 3, 4, 64
+    g = torch.Generator().manual_seed(11)
+    o = torch.randn(B, G, Hkv, D, generator=g).to(torch.bfloat16).transpose(1, 2)  # (B, Hkv, G, D), not contiguous
+    lse = torch.randn(B, Hkv, G + 5, generator=g)[..., :G]  # padded rows
+    dst = torch.full((B * Hkv * G * (D + 1),), float("nan"))
+    R = B * Hkv * G
+    pack_kernel[(triton.cdiv(R, 16),)](o, lse, dst, R, Hkv, G, *o.stride()[:3], *lse.stride(), 1.5, D=D, BLOCK_R=16)
+    rows = dst.view(B, Hkv, G, D + 1)
+    torch.testing.assert_close(rows[..., :D], o.float())
+    torch.testing.assert_close(rows[..., D], lse * 1.5)
 
 
 def test_bad_shapes_are_refused():

@@ -87,6 +87,19 @@ def test_a_bound_launch_reads_its_buffers_contents_at_every_call():
     assert bound.mode == "jit"  # the interpreter has no compiled kernel to bind
 
 
+@interpreted
+def test_a_bound_launch_takes_a_swapped_pointer_for_one_call_only():
+    x, y, out = torch.randn(40), torch.randn(40), torch.empty(40)
+    bound = BoundLaunch(_axpy_kernel, (3,), (x, y, out, 40, 2.0), dict(BLOCK=16))
+    other = torch.randn(40)  # a buffer another library allocated for this call
+    out.fill_(float("nan"))
+    bound(x_ptr=other)
+    torch.testing.assert_close(out, 2.0 * other + y)
+    out.fill_(float("nan"))
+    bound()  # the next plain call reads the bound buffer again
+    torch.testing.assert_close(out, 2.0 * x + y)
+
+
 # ---- the fused runners across input sets ----------------------------------------------------------------
 
 
