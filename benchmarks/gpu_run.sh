@@ -7,7 +7,9 @@
 #   bash benchmarks/gpu_run.sh planted OUT    # one GPU: the known answers alone (validate --planted)
 #   bash benchmarks/gpu_run.sh traces OUT     # one GPU: programs nobody here wrote, run by `taxes trace`
 #                                             # (traces + plain step times, tarred into OUT/traces.tar.gz)
-#   bash benchmarks/gpu_run.sh cost OUT       # one GPU: flash decode's measurement cost, many short rounds
+#   bash benchmarks/gpu_run.sh cost OUT       # one GPU: flash decode's measurement cost, 400 iterations in 40 rounds
+#   bash benchmarks/gpu_run.sh decode OUT     # one GPU: the per-GPU decode against PyTorch's attention (18 shapes),
+#                                             # and where a B=1 decode's time goes (benchmarks/decode_probe.py)
 #   bash benchmarks/gpu_run.sh "traces cost" OUT   # several stages in one call
 #
 # Installs the carried wheels (.wheels: cupti-python, pyelftools, and jsonschema with its dependencies, which the
@@ -79,9 +81,19 @@ if [[ "$stages" == *" traces "* ]]; then
 fi
 
 if [[ "$stages" == *" cost "* ]]; then
-    # measuring's cost at flash decode B=1, S=128K with many short interleaved rounds
+    # measuring's cost at flash decode B=1, S=128K: 400 iterations in 40 interleaved rounds (the eager cuDNN
+    # variant's E2E spreads over half its value with the host's speed: its cost needs many iterations)
     HW=reports/calibration/$GPU-x1-calibrated.json
-    timeout 110 taxes profile flash-decode --gpus 1 --shape B=1,S=131072 --iters 160 --rounds 16 --clock cupti \
-        --hardware "$HW" -o "$OUT/flash_decode-$GPU-x1-B1-S131072.json" --force --timeout-s 105 --format md 2>&1 \
-        | grep -E "^\| (E2E|rows add|measurement|speed|correct)|rror|wrote"
+    for n in ${COST_RUNS:-1}; do
+        timeout 250 taxes profile flash-decode --gpus 1 --shape B=1,S=131072 --iters 400 --rounds 40 --clock cupti \
+            --hardware "$HW" -o "$OUT/flash_decode-$GPU-x1-B1-S131072-$n.json" --force --timeout-s 245 --format md 2>&1 \
+            | grep -E "^\| (E2E|rows add|measurement|speed|correct)|rror|wrote"
+    done
+fi
+
+if [[ "$stages" == *" decode "* ]]; then
+    COMMIT=$(python3 -c "import json; print(json.load(open('.taxes-provenance.json'))['git_commit'])" 2>/dev/null)
+    (cd benchmarks && timeout 330 python3 decode_world1.py --gpu "$GPU" --commit "$COMMIT" --out "$OUT" --replays 40 \
+        --budget-s 240 2>&1 | tail -24)
+    (cd benchmarks && timeout 150 python3 decode_probe.py --out "$OUT" --parts 1 --budget-s 100 2>&1 | tail -3)
 fi

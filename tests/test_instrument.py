@@ -77,6 +77,18 @@ def test_launches_placed_from_the_warmup_give_the_rows_recorded_launches_give():
     assert (placed.activities.loc[placed.activities["phase"] == "b", "comm"] == "nccl").all()
 
 
+def test_the_last_warmup_already_runs_without_launch_records():
+    """Switching the API records off costs the first iteration after it: that iteration is a warm-up."""
+    rec = ActivitiesOnly()
+    raw = record_iterations(CTX, Steps(), [()], 4, 3, rec, graph=False, fused=False)
+    steps = raw["host"][raw["host"]["kind"] == "step"].set_index("name")["start_us"]
+    cut = rec.to_us(rec.cut)
+    assert steps["step 1"] < cut < steps["step 2"]  # off before warm-up 2, the last of three
+    tl = assemble(0, raw, comm_phases=("b",))
+    assert (tl.launches["name"] == "launch (placed)").sum() == 3 * 4  # the timed ones placed from warm-up 1
+    assert sorted(set(tl.activities["step"])) == [3, 4, 5, 6]
+
+
 def test_a_timed_iteration_with_an_unexpected_activity_still_places_the_known_ones():
     raw = record_iterations(CTX, Steps(), [()], 4, 2, ActivitiesOnly(), graph=False, fused=False)
     acts = raw["activities"]
