@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_run.sh planted OUT    # one GPU: the known answers alone (validate --planted)
 #   bash benchmarks/gpu_run.sh traces OUT     # one GPU: programs nobody here wrote, run by `taxes trace`
 #                                             # (traces + plain step times, tarred into OUT/traces.tar.gz)
-#   bash benchmarks/gpu_run.sh cost OUT       # one GPU: flash decode's measurement cost, 400 iterations in 40 rounds
+#   bash benchmarks/gpu_run.sh cost OUT       # one GPU: flash decode's measurement cost, 1000 iterations in 100 rounds
 #   bash benchmarks/gpu_run.sh decode OUT     # one GPU: the per-GPU decode against PyTorch's attention (18 shapes),
 #                                             # and where a B=1 decode's time goes (benchmarks/decode_probe.py)
 #   bash benchmarks/gpu_run.sh "traces cost" OUT   # several stages in one call
@@ -81,12 +81,13 @@ if [[ "$stages" == *" traces "* ]]; then
 fi
 
 if [[ "$stages" == *" cost "* ]]; then
-    # measuring's cost at flash decode B=1, S=128K: 400 iterations in 40 interleaved rounds (the eager cuDNN
-    # variant's E2E spreads over half its value with the host's speed: its cost needs many iterations)
+    # measuring's cost at flash decode B=1, S=128K: 1000 iterations in 100 interleaved rounds (the eager SDPA
+    # variant waits 50-110 us for PyTorch's attention call before its first kernel, and that wait follows the
+    # host's speed: at 400 iterations two runs estimated its cost at +3.1% and +1.0%)
     HW=reports/calibration/$GPU-x1-calibrated.json
     for n in ${COST_RUNS:-1}; do
-        timeout 250 taxes profile flash-decode --gpus 1 --shape B=1,S=131072 --iters 400 --rounds 40 --clock cupti \
-            --hardware "$HW" -o "$OUT/flash_decode-$GPU-x1-B1-S131072-$n.json" --force --timeout-s 245 --format md 2>&1 \
+        timeout 280 taxes profile flash-decode --gpus 1 --shape B=1,S=131072 --iters 1000 --rounds 100 --clock cupti \
+            --hardware "$HW" -o "$OUT/flash_decode-$GPU-x1-B1-S131072-$n.json" --force --timeout-s 275 --format md 2>&1 \
             | grep -E "^\| (E2E|rows add|measurement|speed|correct)|rror|wrote"
     done
 fi
