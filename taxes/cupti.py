@@ -47,7 +47,10 @@ class Recorder(HostStamps):
         "queued": no host calls at all (recording any runtime call made CUPTI intercept every one: +12-20%
         of a host-bound eager step, benchmarks/record_cost.py), each eager kernel instead carrying the time
         its launch was queued and submitted on the host (CUPTI's latency timestamps), which stand in for its
-        launch call (taxes.cupti_trace)."""
+        launch call (taxes.cupti_trace), or "none": device activities alone (`taxes profile`'s timed
+        iterations; their launches come from a template block recorded after every plain iteration, because
+        once any API record was on, CUPTI went on intercepting every runtime call of the process:
+        benchmarks/sdpa_host_cost.py)."""
         from cupti import cupti
 
         super().__init__()
@@ -58,7 +61,7 @@ class Recorder(HostStamps):
         self._calls: list = []
         self._kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET,
                        cupti.ActivityKind.MEMCPY2]
-        if api != "queued":
+        if api in ("all", "warmup"):
             self._kinds += [cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER]
         self._names: dict = {}
         self.now_raw = cupti.get_timestamp
@@ -76,7 +79,7 @@ class Recorder(HostStamps):
             c.activity_enable_latency_timestamps(1)
         for kind in self._kinds:
             c.activity_enable(kind)
-        if self.api != "queued":
+        if self.api in ("all", "warmup"):
             self._select_apis()
         return self
 

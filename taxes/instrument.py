@@ -89,13 +89,10 @@ class ProfilerRecorder:
         return tl.activities, tl.launches, tl.host
 
 
-def make_recorder(clock: str, on_gpu: bool, api: str = "queued"):
+def make_recorder(clock: str, on_gpu: bool, api: str = "warmup"):
     """A fresh recorder: cupti-python or torch.profiler on a GPU; the host clock on emulated ranks. api (cupti):
-    "queued" (no host call recorded: launches from the kernels' queued and submitted times, assemble), or
-    launch calls recorded in every iteration ("all") or in the warm-up only ("warmup"). Once any API record
-    was on, CUPTI went on intercepting every runtime call of the process, plain iterations included: PyTorch's
-    attention call took 110 us of host time against 92 before (benchmarks/sdpa_host_cost.py), so the plain
-    E2E of a host-bound variant was no longer plain."""
+    record launch calls in every iteration ("all"), in the warm-up only ("warmup"), or never ("none": device
+    activities alone, launches placed from another block's warm-up, see assemble)."""
     if not on_gpu:
         return HostRecorder()
     if clock == "cupti":
@@ -227,9 +224,6 @@ def assemble(rank: int, raw: dict, graph_phases: list | None = None, comm_phases
             launches[c] = d
     tid = launches["tid"].mode().iloc[0] if len(launches) else 0
     host["tid"] = tid  # our stamps are taken on the launching thread
-    derived = None
-    if "queued_us" in acts and not launches["kind"].isin(("launch", "graph")).any():
-        launches, derived = _launches_from_device_times(acts, host[host["kind"] == "call"], tid)
     its = list(raw["iterations"])
     spans = host[host["kind"] == "step"].set_index("name")
     hs = np.array([spans.at[f"step {it['step']}", "start_us"] for it in its], dtype=float)
@@ -269,32 +263,7 @@ def assemble(rank: int, raw: dict, graph_phases: list | None = None, comm_phases
     keep = acts["step"].isin([w["step"] for w in windows])
     return timeline(rank, acts[keep], launches, host, windows,
                     {"clock": raw.get("clock"), "iterations": len(windows),
-                     "launches": derived or ("from the warm-up's sequence and host stamps" if len(synth) else "recorded")})
-
-
-def _launches_from_device_times(acts: pd.DataFrame, calls: pd.DataFrame, tid) -> tuple[pd.DataFrame, str]:
-    """Launch records for a record that holds no host call (the cupti clock, api="queued"): an eager kernel's
-    launch is [queued, submitted] on the host (CUPTI's latency timestamps); a graph replay's is the replay
-    call that started last before the graph's first kernel (our host stamps around it); a copy's or memset's
-    is placed one median launch latency before it and marked inferred (taxes.cupti.inferred_launches)."""
-    from taxes.cupti import inferred_launches, launches_from_queued, queued_latency_us
-
-    graph = acts["graph"] >= 0 if "graph" in acts else pd.Series(False, index=acts.index)
-    known = launches_from_queued(acts[~graph], tid)
-    replays = calls[calls["name"] == "graph replay"].sort_values("start_us")
-    firsts = acts[graph].sort_values("start_us").drop_duplicates("correlation")
-    if len(firsts) and len(replays):
-        j = np.searchsorted(replays["start_us"].values, firsts["start_us"].values, side="right") - 1
-        ok = j >= 0
-        rs = replays.iloc[j[ok]]
-        known = pd.concat([known, pd.DataFrame({
-            "name": "graph replay", "kind": "graph", "start_us": rs["start_us"].values, "end_us": rs["end_us"].values,
-            "correlation": firsts["correlation"].values[ok], "tid": tid})], ignore_index=True)
-    unseen = acts[~acts["correlation"].isin(known["correlation"])]
-    placed = inferred_launches(unseen, known, tid, queued_latency_us(acts))
-    out = pd.concat([x for x in (known, placed) if len(x)], ignore_index=True) if len(known) or len(placed) else known
-    return out, (f"kernels' queued and submitted times, graph replays' host stamps; {len(placed)} inferred "
-                 "(copies and memsets: one launch latency before them)")
+                     "launches": "from the warm-up's sequence and host stamps" if len(synth) else "recorded"})
 
 
 def _call_names(calls: pd.DataFrame, when) -> np.ndarray:

@@ -6,8 +6,12 @@
    every variant alike), a block of plain iterations (a start and an end event each: the E2E) and a block
    of instrumented ones (the same with the per-kernel clock on, taxes.instrument; fused variants run their
    traced build, which stamps each CTA's waits);
-3. with clock "both", after the rounds one more instrumented block per variant under torch.profiler, so
-   the cheaper clock can be chosen per variant.
+3. with cupti-python, after the rounds, a block of warm-up iterations per variant that records the launch
+   calls: the rounds' instrumented iterations record device activities alone and take their launches
+   from it (any API record, once on, made CUPTI intercept every later runtime call of the process, plain
+   iterations included), so nothing plain runs after it;
+4. with clock "both", one more instrumented block per variant under torch.profiler, so the cheaper clock
+   can be chosen per variant.
 Rank 0's launcher gathers every rank's records into one document (taxes.document).
 """
 
@@ -123,6 +127,12 @@ def _rank_case(ctx, job, shape: dict, clocks: dict) -> dict:
         built.append((variant, res, holder.get("run")))
         out["variants"].append(res)
 
+    # cupti-python: the rounds record device activities alone, and one warm-up block per variant after every
+    # plain iteration records the launch calls their launches are placed from (instrument.assemble). Once any
+    # API record was on, CUPTI went on intercepting every runtime call of the process, plain iterations
+    # included: +18 us of host time on PyTorch's attention call (benchmarks/sdpa_host_cost.py)
+    cupti_here = clocks["main"] == "cupti" and ctx.device.type == "cuda"
+    api = "none" if cupti_here else "warmup"
     rounds = max(1, min(job.rounds, job.iters))
     blocks = [job.iters // rounds + (1 if r < job.iters % rounds else 0) for r in range(rounds)]
     for r, n in enumerate(blocks):
@@ -140,7 +150,7 @@ def _rank_case(ctx, job, shape: dict, clocks: dict) -> dict:
                 ctx.doing(f"{variant}: instrumented timing (round {r + 1} of {rounds})")
                 progress(ctx, job, f"{variant}: round {r + 1}/{rounds}, {n} instrumented iterations",
                          advance=int(last))
-                _instrumented_block(ctx, job.workload, case, variant, runner, n, warmup, clocks["main"], res)
+                _instrumented_block(ctx, job.workload, case, variant, runner, n, warmup, clocks["main"], res, api)
 
             # plain first in even rounds, instrumented first in odd ones: a drift of the host or the clocks
             # across a round falls on both kinds alike instead of on the measurement cost
@@ -150,6 +160,12 @@ def _rank_case(ctx, job, shape: dict, clocks: dict) -> dict:
                     agree(ctx, res, block)
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize()
+    if cupti_here:  # the launch template, last: nothing plain runs after it
+        for variant, res, runner in built:
+            if hasattr(runner, "phases") and res["error"] is None:
+                ctx.doing(f"{variant}: the launch sequence (API records)")
+                agree(ctx, res, lambda: _instrumented_block(ctx, job.workload, case, variant, runner, 0,
+                                                            max(2, min(job.warmup, 3)), "cupti", res, "warmup"))
     if clocks.get("extra"):  # a second clock is a comparison: its failure fails nothing else
         for variant, res, runner in built:
             if hasattr(runner, "phases") and res["error"] is None:
@@ -172,9 +188,9 @@ def _rank_case(ctx, job, shape: dict, clocks: dict) -> dict:
 
 
 def _instrumented_block(ctx, workload: str, case, variant: str, runner, n: int, warmup: int, clock: str,
-                        res: dict) -> None:
+                        res: dict, api: str = "warmup") -> None:
     v = get(workload, variant)
-    raw = record_iterations(ctx, runner, case.inputs, n, warmup, make_recorder(clock, ctx.device.type == "cuda"),
+    raw = record_iterations(ctx, runner, case.inputs, n, warmup, make_recorder(clock, ctx.device.type == "cuda", api),
                             graph=v.graphed, fused=v.fused, trace_of=_mean_waits if v.fused else None)
     if hasattr(runner, "check"):
         runner.check()

@@ -9,7 +9,6 @@ import math
 import time
 from types import SimpleNamespace
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -90,36 +89,35 @@ def test_the_last_warmup_already_runs_without_launch_records():
     assert sorted(set(tl.activities["step"])) == [3, 4, 5, 6]
 
 
-class QueuedClock(HostRecorder):
-    """The host clock dressed as cupti-python's record without host calls: no launch record at all; each
-    kernel carries the times its launch was queued and submitted (its call's start, where the host clock
-    launches it); the copy (step b) carries none, like a memcpy."""
+class NoLaunches(HostRecorder):
+    """The host clock recording device activities alone (cupti-python's api="none")."""
 
     def stop(self):
         acts, launches, host = super().stop()
-        acts = acts.copy()
-        copy = (acts["name"] == "b").values
-        acts.loc[copy, "kind"] = "memcpy"
-        acts["queued_us"] = np.where(copy, np.nan, acts["start_us"].values)
-        acts["submitted_us"] = acts["queued_us"]
         return acts, launches.iloc[0:0], host
 
 
-def test_launches_from_queued_times_give_the_rows_recorded_launches_give():
-    for spin in (0.0, 40.0):
-        raw = record_iterations(CTX, Steps(spin=spin), [()], 5, 2, QueuedClock(), graph=False, fused=False)
-        derived = assemble(0, raw, comm_phases=("b",))
-        assert "inferred" in derived.meta["launches"]
-        calls = raw["host"][raw["host"]["kind"] == "call"].reset_index(drop=True)
-        full = dict(raw, activities=raw["activities"].drop(columns=["queued_us", "submitted_us"]),
-                    launches=pd.DataFrame({"name": "call", "kind": "launch", "start_us": calls["start_us"],
-                                           "end_us": calls["start_us"], "correlation": range(len(calls)), "tid": 0}))
-        recorded = assemble(0, full, comm_phases=("b",))
-        a, b = attribute([derived]).rows, attribute([recorded]).rows
-        for k in ROWS:
-            assert list(a[k]) == pytest.approx(list(b[k]), abs=1e-6), (spin, k)
-        if spin:
-            assert (a["host_bound"] >= spin).all()  # the planted spin before step c, in every iteration
+def test_launches_placed_from_a_template_block_recorded_after_the_rounds():
+    """`taxes profile` with cupti-python: rounds of blocks without any launch record, then one block of
+    warm-ups that records them; merged, every timed iteration is placed from that last block."""
+    from taxes.measure import _merge_blocks
+
+    runner = Steps(spin=40.0)
+    blocks = [record_iterations(CTX, runner, [()], 3, 1, NoLaunches(), graph=False, fused=False) for _ in range(2)]
+    blocks.append(record_iterations(CTX, runner, [()], 0, 3, ActivitiesOnly(), graph=False, fused=False))
+    merged = _merge_blocks(blocks)
+    placed = assemble(0, merged, comm_phases=("b",))
+    assert (placed.launches["name"] == "launch (placed)").sum() == 3 * 6  # two blocks of three timed iterations
+    assert len(placed.windows) == 6
+    acts = merged["activities"]
+    full = dict(merged, launches=pd.DataFrame({"name": "call", "kind": "launch", "start_us": acts["start_us"],
+                                               "end_us": acts["start_us"], "correlation": acts["correlation"],
+                                               "tid": 0}))
+    recorded = assemble(0, full, comm_phases=("b",))
+    a, b = attribute([placed]).rows, attribute([recorded]).rows
+    for k in ROWS:
+        assert list(a[k]) == pytest.approx(list(b[k]), abs=1e-6), k
+    assert (a["host_bound"] >= 40.0).all()
 
 
 def test_a_timed_iteration_with_an_unexpected_activity_still_places_the_known_ones():
