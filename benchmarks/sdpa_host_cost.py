@@ -6,8 +6,8 @@ host time comes before its first kernel), clock state by clock state.
 States, in blocks of calls interleaved over rounds (the order mirrored every round): no clock; CUPTI kernel
 records only (never any API record in this process until then); kernel records after a warm-up with API
 records switched off again (what `taxes profile`'s cupti clock did in every round, before its launch
-calls were recorded once, after the rounds). Per call: the host time of the attention call (device synchronised before it) and the event
-time of the call. The states that enable API records run last: whether anything of them stays is the
+calls were recorded once, after the rounds). Per call: the host time of the attention call (device
+synchronised before it) and the event time of the call. The states that enable API records run last: whether anything of them stays is the
 question, so the first states never saw them.
 """
 

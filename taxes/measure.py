@@ -229,8 +229,12 @@ def _merge_blocks(blocks: list[dict]) -> dict:
         launches.append(b["launches"])
         its += [dict(it, step=it["step"] + offset) for it in b["iterations"]]
         offset += len(b["iterations"])
-    return {"activities": pd.concat(acts, ignore_index=True), "launches": pd.concat(launches, ignore_index=True),
-            "host": pd.concat(host, ignore_index=True), "iterations": its, "clock": blocks[0]["clock"]}
+    def cat(frames):  # empty frames left out: an empty one's object columns would make every column object
+        full = [f for f in frames if not f.empty]
+        return pd.concat(full, ignore_index=True) if full else frames[0]
+
+    return {"activities": cat(acts), "launches": cat(launches), "host": cat(host), "iterations": its,
+            "clock": blocks[0]["clock"]}
 
 
 def _shifted(raw: dict, dt: float, dc: int) -> dict:
