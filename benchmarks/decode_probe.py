@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from taxes.cases import rel_error
-from taxes.kernels.decode_local import LOG2E, LocalDecode, _merge_group, _merge_tile, attention_partial_f32
+from taxes.kernels.decode_local import LOG2E, LocalDecode, _merge_group, _merge_tile, attend_tile, attention_partial_f32
 from taxes.kernels.sync import globaltimer_ns
 
 from graph_timing import read_all, read_bandwidth, time_graph
@@ -79,19 +79,7 @@ def probe_decode_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, count_ptr
         if READ_ONLY:
             sums += k.to(tl.float32) + v.to(tl.float32)
         else:
-            if DOT_F32:  # the interpreter's bf16 dot is wrong
-                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32))) * qk_scale
-            else:
-                s = tl.dot(q, tl.trans(k)) * qk_scale
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if DOT_F32:
-                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            m_i, l_i, acc = attend_tile(q, k, v, tok < S, m_i, l_i, acc, qk_scale, DOT_F32)
     if READ_ONLY:
         tl.store(o_part_ptr + pid, tl.sum(tl.sum(sums, 1), 0))
     else:

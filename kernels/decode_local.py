@@ -124,6 +124,26 @@ def resolve(config: Config, B: int, Hkv: int, S: int, D: int, sm_count: int, on_
 
 
 @triton.jit
+def attend_tile(q, k, v, tok_ok, m_i, l_i, acc, qk_scale, DOT_F32: tl.constexpr):
+    """One tile of K and V into the online softmax of the G_PAD query rows (base 2: qk_scale includes
+    log2 e): returns the new (running max, softmax sum, output sum)."""
+    if DOT_F32:  # Triton 3.6's interpreter multiplies bf16 wrongly; float32 is exact there
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(tok_ok[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DOT_F32:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _merge_group(o_part_ptr, lse_part_ptr, out_ptr, inbox_ptr, bases, flags_ptr, state_ptr, rank, grp, n_splits, R,
                  D: tl.constexpr, G: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
                  OUT: tl.constexpr, WORLD: tl.constexpr, DATA_SIGNAL: tl.constexpr):
@@ -213,20 +233,7 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr,
             offs = kv_base + tok.to(tl.int64)[:, None] * D + d[None, :]
             k = tl.load(k_ptr + offs, mask=tok_ok[:, None], other=0.0, eviction_policy=EVICT)
             v = tl.load(v_ptr + offs, mask=tok_ok[:, None], other=0.0, eviction_policy=EVICT)
-        if DOT_F32:  # Triton 3.6's interpreter multiplies bf16 wrongly; float32 is exact there
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(tok_ok[None, :], s * qk_scale, float("-inf"))  # log2 domain: scale includes log2(e)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DOT_F32:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(q, k, v, tok_ok, m_i, l_i, acc, qk_scale, DOT_F32)
     prow = (grp * G + rows) * n_splits + sp
     tl.store(o_part_ptr + prow[:, None] * D + d[None, :], acc / l_i[:, None], mask=row_ok[:, None])
     tl.store(lse_part_ptr + prow, m_i + tl.log2(l_i), mask=row_ok)
