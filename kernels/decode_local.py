@@ -5,9 +5,10 @@ The query (B x Hq x D) attends to S tokens of K and V (B x Hkv x S x D); Hq quer
 heads (GQA, G = Hq / Hkv).
 
 `decode_kernel`: one program per (batch, KV head, split of the sequence; a split is every n-th tile of
-BLOCK_N tokens, not a contiguous range); the G query heads of the group form one tile (padded to 16 rows so tl.dot applies), so K and V are read once per group. Each program
-writes its split's partial output (divided by its softmax sum) and log-sum-exp (base 2, float32), then
-takes a ticket from its group's arrival counter. The program that draws the group's last ticket merges
+BLOCK_N tokens, not a contiguous range); the G query heads of the group form one tile (padded to 16 rows
+so tl.dot applies), so K and V are read once per group. Each program writes its split's partial output
+(divided by its softmax sum) and log-sum-exp (base 2, float32), then takes a ticket from its group's arrival
+counter. The program that draws the group's last ticket merges
 the group's splits and writes the result: the output in the output's dtype (one GPU), the packed float32
 (o, lse) rows of the rank's partial (bsp), or that partial pushed into every peer's inbox (fused).
 Counters only grow (call c hands out tickets c*splits .. c*splits + splits - 1 of each group), so nothing

@@ -18,9 +18,8 @@ Kineto writes them)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
-
-from taxes.cupti import inferred_launches, launches_from_queued, queued_latency_us
 
 _DEVICE_CAT = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
 
@@ -65,6 +64,55 @@ def to_kineto(acts: pd.DataFrame, calls: pd.DataFrame, windows_us: list[tuple[fl
         if meta.get(key) is not None:
             doc[key] = meta[key]
     return doc
+
+
+def launches_from_queued(acts: pd.DataFrame, tid: int) -> pd.DataFrame:
+    """One cudaLaunchKernel per correlation id of eager kernels that carry a queued time: [queued, submitted]
+    of its first kernel (submitted before queued, which CUPTI can report, reads as queued)."""
+    k = acts[acts["queued_us"].notna()]
+    if "graph" in k:
+        k = k[k["graph"] < 0]
+    first = k.sort_values("queued_us").drop_duplicates("correlation")
+    end = first["submitted_us"].where(first["submitted_us"] >= first["queued_us"], first["queued_us"])
+    return pd.DataFrame({"name": "cudaLaunchKernel", "kind": "launch", "start_us": first["queued_us"].values,
+                         "end_us": end.values, "correlation": first["correlation"].values, "tid": tid},
+                        index=range(len(first)))
+
+
+def queued_latency_us(acts: pd.DataFrame) -> float:
+    """The median time from an eager kernel's submission to its start, over kernels that started on an idle
+    device (nothing that started before them was still running); 0 without any."""
+    if "submitted_us" not in acts or acts.empty:
+        return 0.0
+    a = acts.sort_values("start_us")
+    busy_until = a["end_us"].cummax().shift(1).fillna(-float("inf")).values
+    eager = (a["submitted_us"].notna() & (a.get("graph", -1) < 0)).values
+    idle = eager & (a["start_us"].values >= busy_until)
+    lat = (a["start_us"] - a["submitted_us"]).values[idle]
+    return float(pd.Series(lat).median()) if len(lat) else 0.0
+
+
+def inferred_launches(unseen: pd.DataFrame, known: pd.DataFrame, tid: int, latency_us: float) -> pd.DataFrame:
+    """A launch call for each correlation id of `unseen` (activities whose launch was not recorded): [t, t]
+    with t = its first activity's start - latency_us, kept at or after the end of the known launch before it
+    in correlation order and at or before the start of the one after it; cudaGraphLaunch for a graph
+    replay, cudaMemcpyAsync / cudaMemsetAsync for copies and memsets, cudaLaunchKernel otherwise."""
+    if unseen.empty:
+        return pd.DataFrame(columns=["name", "kind", "start_us", "end_us", "correlation", "tid", "inferred"])
+    first = unseen.sort_values("start_us").drop_duplicates("correlation").sort_values("correlation")
+    k = known.sort_values("correlation")
+    kc = k["correlation"].values
+    i = np.searchsorted(kc, first["correlation"].values)
+    lo = np.where(i > 0, k["end_us"].values[np.maximum(i - 1, 0)] if len(k) else -np.inf, -np.inf)
+    hi = np.where(i < len(kc), k["start_us"].values[np.minimum(i, len(kc) - 1)] if len(k) else np.inf, np.inf)
+    t = np.minimum(np.maximum(first["start_us"].values - latency_us, lo), np.maximum(hi, lo))
+    t = np.minimum(t, first["start_us"].values)  # never after the activity it launched
+    graph = (first["graph"].values >= 0) if "graph" in first else np.zeros(len(first), dtype=bool)
+    kind = first["kind"].values
+    name = np.where(graph, "cudaGraphLaunch", np.where(kind == "memcpy", "cudaMemcpyAsync",
+                                                       np.where(kind == "memset", "cudaMemsetAsync", "cudaLaunchKernel")))
+    return pd.DataFrame({"name": name, "kind": np.where(graph, "graph", "launch"), "start_us": t, "end_us": t,
+                         "correlation": first["correlation"].values, "tid": tid, "inferred": True})
 
 
 def _concat(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:

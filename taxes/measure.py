@@ -127,10 +127,8 @@ def _rank_case(ctx, job, shape: dict, clocks: dict) -> dict:
         built.append((variant, res, holder.get("run")))
         out["variants"].append(res)
 
-    # cupti-python: the rounds record device activities alone, and one warm-up block per variant after every
-    # plain iteration records the launch calls their launches are placed from (instrument.assemble). Once any
-    # API record was on, CUPTI went on intercepting every runtime call of the process, plain iterations
-    # included: +18 us of host time on PyTorch's attention call (benchmarks/sdpa_host_cost.py)
+    # cupti-python: the rounds record device activities alone; the launch calls come last (step 3 above:
+    # +8.4 us of host time on PyTorch's attention call after API records, reports/clock_cost/sdpa_host_cost-h100.json)
     cupti_here = clocks["main"] == "cupti" and ctx.device.type == "cuda"
     api = "none" if cupti_here else "warmup"
     rounds = max(1, min(job.rounds, job.iters))
