@@ -1,0 +1,362 @@
+"""How the per-GPU decode's tail shrinks: who streams which KV tile, and how the splits' partials meet.
+
+    python benchmarks/decode_schedule_probe.py --out DIR
+
+At B=1, S=32K, D=64 (67 MB of KV) the decode's programs end their KV loops up to 2-3 us apart, and the
+last group's merge adds 1.5 us after the last loop (benchmarks/decode_probe.py). This times, from CUDA
+graphs over KV sets rotated beyond L2, the combinations of
+- schedule: `static` (split sp takes every n-th tile of its group, a pipelined loop, as decode_kernel) or
+  `claim` (each program takes its first tile statically, then claims the group's remaining tiles one at a
+  time from a counter, the claim two tiles ahead and the loads one tile ahead of the compute, so a program
+  that streams faster takes more tiles);
+- merge: `ticket` (each split stores its partial, releases, takes a ticket; the last arriver merges, as
+  decode_kernel), `poll` (the group's last split merges: it polls the partials, which start as a NaN
+  sentinel, until every value has arrived: no fence and no atomic between the last store and the merge;
+  it needs every program of the group resident, one wave) or `none` (partials only: a wrong result, timed
+  to price the merge);
+with per-program %globaltimer stamps (start, loop end, arrival, merge end), %smid and tiles streamed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from taxes.cases import rel_error
+from taxes.kernels.decode_local import LOG2E, LocalDecode, _merge_group, _merge_tile, attend_tile, attention_partial_f32
+from taxes.kernels.sync import globaltimer_ns
+
+from graph_timing import read_all, read_bandwidth, time_graph
+
+HQ, HKV = 64, 8
+SENTINEL = 0x7FBADBAD  # a NaN no division or log produces: "not written yet"
+SCHEDS = {"static": 0, "claim": 1}
+MERGES = {"none": 0, "ticket": 1, "poll": 2}
+
+
+@triton.jit
+def smid():
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def claim_tile(ctr_ptr, ok, T, n_splits, LANES: tl.constexpr):
+    """Issue one claim on the group's counter (by lane 0, when ok): a [LANES] tensor whose lane 0 holds the
+    counter's old value. Read it with claimed_tile, as late as possible (the read waits for the atomic)."""
+    lane = tl.arange(0, LANES)
+    return tl.atomic_add(ctr_ptr + lane * 0, tl.full((LANES,), 1, tl.int64), mask=lane < tl.where(ok, 1, 0), sem="relaxed",
+                         scope="gpu")
+
+
+@triton.jit
+def claimed_tile(c, ok, T, n_splits, LANES: tl.constexpr):
+    """The tile a claim got: tiles n_splits .. T-1 are handed out, T claims per call (each program's last
+    claim finds none), so the counter's old value mod T is the claim's place in this call; T: none."""
+    lane = tl.arange(0, LANES)
+    v = tl.max(tl.where(lane == 0, c, 0), 0) % T
+    return tl.where(ok & (v < T - n_splits), (n_splits + v).to(tl.int32), T)
+
+
+@triton.jit
+def _load_tile(k_ptr, v_ptr, kv_base, t, T, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """Tile t of K and V (zeros when t >= T: no tile)."""
+    tok = t * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs = kv_base + tok.to(tl.int64)[:, None] * D + tl.arange(0, D)[None, :]
+    m = (tl.zeros((BLOCK_N, D), tl.int32) + t) < T
+    return tl.load(k_ptr + offs, mask=m, other=0.0), tl.load(v_ptr + offs, mask=m, other=0.0)
+
+
+@triton.jit
+def _poll_merge(o_ptr, lse_ptr, out_ptr, grp, n_splits, D: tl.constexpr, G: tl.constexpr, G_P2: tl.constexpr,
+                SPL_P2: tl.constexpr, CHUNK: tl.constexpr):
+    """The group's merger: wait for every split's (o, lse) by polling the values themselves (each starts as
+    SENTINEL), merge them, write the output rows."""
+    g = tl.arange(0, G_P2)
+    s = tl.arange(0, SPL_P2)
+    ok = (g < G)[:, None] & (s < n_splits)[None, :]
+    idx = (grp * G + g)[:, None] * n_splits + s[None, :]
+    lse_bits = tl.load(lse_ptr.to(tl.pointer_type(tl.int32)) + idx, mask=ok, other=0, volatile=True)
+    while tl.max(tl.where(lse_bits == SENTINEL, 1, 0)) > 0:
+        lse_bits = tl.load(lse_ptr.to(tl.pointer_type(tl.int32)) + idx, mask=ok, other=0, volatile=True)
+    lse = tl.where(ok, lse_bits.to(tl.float32, bitcast=True), float("-inf"))
+    m = tl.max(lse, 1)
+    m = tl.where(m > float("-inf"), m, 0.0)
+    w = tl.exp2(lse - m[:, None])
+    wsum = tl.sum(w, 1)
+    d = tl.arange(0, D)
+    acc = tl.zeros((G_P2, D), tl.float32)
+    for s0 in tl.static_range(0, SPL_P2, CHUNK):
+        sc = s0 + tl.arange(0, CHUNK)
+        okc = (g < G)[:, None] & (sc < n_splits)[None, :]
+        idc = (grp * G + g)[:, None] * n_splits + sc[None, :]
+        ptr = o_ptr.to(tl.pointer_type(tl.int32)) + idc[:, :, None] * D + d[None, None, :]
+        bits = tl.load(ptr, mask=okc[:, :, None], other=0, volatile=True)
+        while tl.max(tl.max(tl.max(tl.where(bits == SENTINEL, 1, 0), 2), 1), 0) > 0:
+            bits = tl.load(ptr, mask=okc[:, :, None], other=0, volatile=True)
+        lse_c = tl.load(lse_ptr + idc, mask=okc, other=float("-inf"), volatile=True)
+        wc = tl.exp2(lse_c - m[:, None])
+        acc += tl.sum(wc[:, :, None] * bits.to(tl.float32, bitcast=True), 1)
+    o = acc / wsum[:, None]
+    row = (grp * G + g).to(tl.int64)
+    tl.store(out_ptr + row[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=(g < G)[:, None])
+
+
+@triton.jit(do_not_specialize=["S", "n_splits"])
+def sched_probe_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, count_ptr, claim_ptr, epoch_ptr, out_ptr,
+                       stamp_ptr, S, n_splits, qk_scale, Hq: tl.constexpr, Hkv: tl.constexpr, D: tl.constexpr,
+                       G: tl.constexpr, G_PAD: tl.constexpr, G_P2: tl.constexpr, BLOCK_N: tl.constexpr, MERGE_ROWS: tl.constexpr,
+                       MERGE_SPLITS: tl.constexpr, SPL_P2: tl.constexpr, CHUNK: tl.constexpr, SCHED: tl.constexpr,
+                       MERGE: tl.constexpr, STAMP: tl.constexpr, LANES: tl.constexpr, DOT_F32: tl.constexpr):
+    pid = tl.program_id(0)
+    sp = pid % n_splits
+    grp = pid // n_splits
+    if STAMP:
+        tl.store(stamp_ptr + pid * 8, globaltimer_ns(False))
+        tl.store(stamp_ptr + pid * 8 + 4, smid().to(tl.int64))
+    hkv = grp % Hkv
+    b = grp // Hkv
+    rows = tl.arange(0, G_PAD)
+    row_ok = rows < G
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + ((b * Hq + hkv * G + rows) * D)[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+    kv_base = grp.to(tl.int64) * S * D
+    part = 0
+    if MERGE == 2:
+        epoch = tl.load(epoch_ptr + grp)
+        part = epoch % 2  # this call's partial buffers; the merger clears the other set for the next call
+        if sp == n_splits - 1:
+            base = (1 - part) * (tl.num_programs(0) * G)  # partial rows per set: groups x G x splits = programs x G
+            for s0 in range(0, n_splits):
+                prow = (grp * G + rows) * n_splits + s0
+                tl.store(lse_part_ptr.to(tl.pointer_type(tl.int32)) + base + prow, tl.full((G_PAD,), SENTINEL, tl.int32),
+                         mask=row_ok)
+                tl.store(o_part_ptr.to(tl.pointer_type(tl.int32)) + (base + prow)[:, None] * D + d[None, :],
+                         tl.full((G_PAD, D), SENTINEL, tl.int32), mask=row_ok[:, None])
+    m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
+    l_i = tl.zeros((G_PAD,), tl.float32)
+    acc = tl.zeros((G_PAD, D), tl.float32)
+    ntiles = 0
+    if SCHED == 0:
+        for n in range(sp * BLOCK_N, S, n_splits * BLOCK_N):
+            tok = n + tl.arange(0, BLOCK_N)
+            offs = kv_base + tok.to(tl.int64)[:, None] * D + d[None, :]
+            k = tl.load(k_ptr + offs)
+            v = tl.load(v_ptr + offs)
+            m_i, l_i, acc = attend_tile(q, k, v, tok < S, m_i, l_i, acc, qk_scale, DOT_F32)
+            ntiles += 1
+    else:
+        T = S // BLOCK_N
+        ctr = claim_ptr + grp
+        cur = sp
+        kc, vc = _load_tile(k_ptr, v_ptr, kv_base, cur, T, BLOCK_N, D)
+        c1 = claim_tile(ctr, cur < T, T, n_splits, LANES)
+        n1 = claimed_tile(c1, cur < T, T, n_splits, LANES)
+        k1, v1 = _load_tile(k_ptr, v_ptr, kv_base, n1, T, BLOCK_N, D)
+        c2 = claim_tile(ctr, n1 < T, T, n_splits, LANES)
+        while cur < T:
+            tok = cur * BLOCK_N + tl.arange(0, BLOCK_N)
+            m_i, l_i, acc = attend_tile(q, kc, vc, tok < S, m_i, l_i, acc, qk_scale, DOT_F32)
+            ntiles += 1
+            n2 = claimed_tile(c2, n1 < T, T, n_splits, LANES)
+            k2, v2 = _load_tile(k_ptr, v_ptr, kv_base, n2, T, BLOCK_N, D)
+            c2 = claim_tile(ctr, n2 < T, T, n_splits, LANES)
+            cur = n1
+            kc = k1
+            vc = v1
+            n1 = n2
+            k1 = k2
+            v1 = v2
+    if STAMP:
+        tl.store(stamp_ptr + pid * 8 + 1, globaltimer_ns(False))
+        tl.store(stamp_ptr + pid * 8 + 5, ntiles)
+    nrows = tl.num_programs(0) * G
+    prow = part * nrows + (grp * G + rows) * n_splits + sp
+    tl.store(o_part_ptr + prow[:, None] * D + d[None, :], acc / l_i[:, None], mask=row_ok[:, None])
+    tl.store(lse_part_ptr + prow, m_i + tl.log2(l_i), mask=row_ok)
+    if MERGE == 1:
+        tl.debug_barrier()
+        ticket = tl.atomic_add(count_ptr + grp, 1, sem="acq_rel", scope="gpu")
+        if STAMP:
+            tl.store(stamp_ptr + pid * 8 + 2, globaltimer_ns(False))
+        if ticket % n_splits == n_splits - 1:
+            tl.debug_barrier()
+            _merge_group(o_part_ptr, lse_part_ptr, out_ptr, count_ptr, count_ptr, count_ptr, count_ptr, 0, grp,
+                         n_splits, 0, D, G, MERGE_ROWS, MERGE_SPLITS, 0, 1, False)
+            if STAMP:
+                tl.store(stamp_ptr + pid * 8 + 3, globaltimer_ns(False))
+    elif MERGE == 2:
+        if STAMP:
+            tl.store(stamp_ptr + pid * 8 + 2, globaltimer_ns(False))
+        if sp == n_splits - 1:
+            _poll_merge(o_part_ptr + part * nrows * D, lse_part_ptr + part * nrows, out_ptr, grp, n_splits, D, G,
+                        G_P2, SPL_P2, CHUNK)
+            tl.store(epoch_ptr + grp, epoch + 1)
+            if STAMP:
+                tl.store(stamp_ptr + pid * 8 + 3, globaltimer_ns(False))
+
+
+class Probe:
+    def __init__(self, B, D, S, splits, block_n, warps, stages, sched, merge, dev):
+        self.B, self.D, self.S = B, D, S
+        self.G = HQ // HKV
+        self.splits = splits
+        assert S % block_n == 0 and S // block_n >= splits, "whole tiles, one at least per split"
+        self.programs = B * HKV * splits
+        R = B * HQ
+        self.o_part = torch.empty(2 * R * splits * D, dtype=torch.float32, device=dev)
+        self.lse_part = torch.empty(2 * R * splits, dtype=torch.float32, device=dev)
+        self.o_part.view(torch.int32).fill_(SENTINEL)
+        self.lse_part.view(torch.int32).fill_(SENTINEL)
+        self.counts = torch.zeros(B * HKV, dtype=torch.int64, device=dev)
+        self.claims = torch.zeros(B * HKV, dtype=torch.int64, device=dev)
+        self.epochs = torch.zeros(B * HKV, dtype=torch.int32, device=dev)
+        self.stamps = torch.zeros(self.programs * 8, dtype=torch.int64, device=dev)
+        mr, ms = _merge_tile(self.G, D, warps)
+        spl_p2 = triton.next_power_of_2(splits)
+        chunk = max(1, min(spl_p2, (2048 * warps) // (self.G * D)))
+        self.kw = dict(Hq=HQ, Hkv=HKV, D=D, G=self.G, G_PAD=16, G_P2=triton.next_power_of_2(self.G), BLOCK_N=block_n, MERGE_ROWS=mr, MERGE_SPLITS=ms,
+                       SPL_P2=spl_p2, CHUNK=chunk, SCHED=SCHEDS[sched], MERGE=MERGES[merge], LANES=32 * warps,
+                       DOT_F32=dev.type != "cuda", num_warps=warps, num_stages=stages)
+
+    def __call__(self, q, k, v, out, stamp=False):
+        sched_probe_kernel[(self.programs,)](q, k, v, self.o_part, self.lse_part, self.counts, self.claims,
+                                             self.epochs, out, self.stamps, self.S, self.splits,
+                                             LOG2E / math.sqrt(self.D), STAMP=stamp, **self.kw)
+        return out
+
+
+def make_sets(B, S, D, dev, l2):
+    kv = 2 * B * HKV * S * D * 2
+    n = max(1, math.ceil(3 * l2 / kv))
+    sets = []
+    for i in range(n):
+        g = torch.Generator(device=dev).manual_seed(91 + i)
+        q = torch.randn(B, HQ, D, generator=g, device=dev).to(torch.bfloat16)
+        k = torch.randn(B, HKV, S, D, generator=g, device=dev).to(torch.bfloat16)
+        v = torch.randn(B, HKV, S, D, generator=g, device=dev).to(torch.bfloat16)
+        sets.append((q, k, v, torch.empty(B, HQ, D, dtype=torch.bfloat16, device=dev)))
+    return sets, kv
+
+
+def summarize(calls):
+    """Per call, ns from the first program's start (quantiles over programs), and how loop ends and tiles
+    streamed go with the SM."""
+    out = []
+    for st in calls:
+        t0 = min(r[0] for r in st)
+        q = lambda xs: [xs[0], xs[len(xs) // 4], xs[len(xs) // 2], xs[3 * len(xs) // 4], xs[-1]] if xs else []
+        loops = sorted(r[1] - t0 for r in st)
+        merges = sorted(r[3] - t0 for r in st if r[3] > 0)
+        tiles = sorted(r[5] for r in st)
+        slowest = sorted(st, key=lambda r: r[1])[-4:]
+        out.append({"start_q": q(sorted(r[0] - t0 for r in st)), "loop_end_q": q(loops),
+                    "arrive_q": q(sorted(r[2] - t0 for r in st if r[2] > 0)), "merge_end_q": q(merges),
+                    "tiles_q": q(tiles), "last_merge_minus_last_loop_ns": (merges[-1] - loops[-1]) if merges else None,
+                    "slowest_sms": [r[4] for r in slowest]})
+    return out
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--budget-s", type=float, default=300)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda")
+    from taxes.harness import gpu_metadata
+    from taxes.provenance import collect
+
+    props = torch.cuda.get_device_properties(dev)
+    l2 = props.L2_cache_size
+    res = {"benchmark": "benchmarks/decode_schedule_probe.py", "command": " ".join(sys.argv), **collect(),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(dev),
+           "torch": torch.__version__, "triton": triton.__version__, "clocks": gpu_metadata().get("clocks"),
+           "timing": "CUDA graph of calls over KV sets rotated beyond L2 (benchmarks/graph_timing.py); median "
+                     "per call", "floor": "(K, V, q and out bytes) / read_gb_per_s (a 1 GiB read)"}
+    bw = read_bandwidth(dev)
+    res["read_gb_per_s"] = bw["read_gb_per_s"]
+    rows = []
+    t_end = time.time() + args.budget_s
+    shapes = [(1, 32768, 64, 16, 128, 4, 3), (1, 32768, 128, 16, 128, 8, 3), (1, 131072, 64, 32, 128, 4, 2),
+              (4, 32768, 64, 4, 128, 4, 3), (16, 8192, 128, 2, 64, 4, 2), (1, 8192, 64, 16, 64, 4, 3)]
+    try:
+        for (B, S, D, splits, block_n, warps, stages) in shapes:
+            sets, kv = make_sets(B, S, D, dev, l2)
+            floor_us = (kv + 2 * B * HQ * D * 2) / (bw["read_gb_per_s"] * 1e3)
+            o_ref, _ = attention_partial_f32(sets[0][0], sets[0][1], sets[0][2])
+            base = {"B": B, "S": S, "D": D, "floor_us": floor_us}
+            tuned = LocalDecode(B, HQ, HKV, D, S, dev)
+            sets[0][3].fill_(float("nan"))
+            tuned(*sets[0])
+            err = rel_error(sets[0][3], o_ref)
+            r = time_graph(lambda i: tuned(*sets[i]), len(sets), args.replays)
+            rows.append({**base, "what": "LocalDecode (tuned)", "config": tuned.describe(), "us": r["us"],
+                         "rel_error": err})
+            log(rows[-1])
+            one_wave = B * HKV * splits <= props.multi_processor_count
+            for sched in ("static", "claim"):
+                for merge in ("ticket", "poll", "none"):
+                    if merge == "poll" and not one_wave:
+                        continue
+                    cfg = dict(splits=splits, block_n=block_n, warps=warps, stages=stages, sched=sched, merge=merge)
+                    if time.time() > t_end:
+                        rows.append({**base, **cfg, "error": "budget"})
+                        continue
+                    try:
+                        p = Probe(B, D, S, dev=dev, **cfg)
+                        sets[0][3].fill_(float("nan"))
+                        p(*sets[0])
+                        torch.cuda.synchronize()
+                        err = rel_error(sets[0][3], o_ref) if merge != "none" else None
+                        r = time_graph(lambda i, p=p: p(*sets[i]), len(sets), args.replays)
+                        sets[1 % len(sets)][3].fill_(float("nan"))
+                        p(*sets[1 % len(sets)])  # still right after a graph's many calls
+                        torch.cuda.synchronize()
+                        err2 = None
+                        if merge != "none" and len(sets) > 1:
+                            o2, _ = attention_partial_f32(sets[1][0], sets[1][1], sets[1][2])
+                            err2 = rel_error(sets[1][3], o2)
+                        row = {**base, "what": "probe", **cfg, "us": r["us"], "rel_error": err, "rel_error_after": err2}
+                        stamps = []
+                        for rep in range(5):
+                            p.stamps.zero_()
+                            p(*sets[rep % len(sets)], stamp=True)
+                            torch.cuda.synchronize()
+                            stamps.append(p.stamps.view(-1, 8).tolist())
+                        row["stamps_summary"] = summarize(stamps)
+                        rows.append(row)
+                    except Exception as e:
+                        torch.cuda.synchronize()
+                        rows.append({**base, **cfg, "error": " ".join(f"{type(e).__name__}: {e}".split())[:300]})
+                    log({k: v for k, v in rows[-1].items() if k != "stamps_summary"})
+                    for s in rows[-1].get("stamps_summary", [])[:2]:
+                        log("   ", s)
+            del sets
+            torch.cuda.empty_cache()
+    finally:
+        res["rows"] = rows
+        (out / "decode_schedule_probe.json").write_text(json.dumps(res, indent=1))
+    for r in rows:
+        if "us" in r:
+            log(f"{r['B']:>2} {r['S']:>6} {r['D']:>3} {r.get('sched', 'tuned'):6} {r.get('merge', ''):6} "
+                f"{r['us']:8.2f} us  frac {r['floor_us'] / r['us']:.3f}  err {r.get('rel_error')}")
+        else:
+            log(r)
+
+
+if __name__ == "__main__":
+    main()
