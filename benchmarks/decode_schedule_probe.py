@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from taxes.cases import rel_error
-from taxes.kernels.decode_local import LOG2E, LocalDecode, _merge_group, _merge_tile, attend_tile, attention_partial_f32
+from taxes.kernels.decode_local import LOG2E, LocalDecode, attend_tile, attention_partial_f32
 from taxes.kernels.sync import globaltimer_ns
 
 from graph_timing import read_all, read_bandwidth, time_graph
@@ -75,32 +75,34 @@ def _load_tile(k_ptr, v_ptr, kv_base, t, T, BLOCK_N: tl.constexpr, D: tl.constex
 
 
 @triton.jit
-def _poll_merge(o_ptr, lse_ptr, out_ptr, grp, n_splits, D: tl.constexpr, G: tl.constexpr, G_P2: tl.constexpr,
-                SPL_P2: tl.constexpr, CHUNK: tl.constexpr):
-    """The group's merger: wait for every split's (o, lse) by polling the values themselves (each starts as
-    SENTINEL), merge them, write the output rows."""
+def _merge_splits(o_ptr, lse_ptr, out_ptr, grp, ns, n_max, POLL: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                  G_P2: tl.constexpr, SPL_P2: tl.constexpr, CHUNK: tl.constexpr):
+    """Merge group grp's ns partials (rows (grp * G + g) * n_max + split) and write its output rows. POLL:
+    first wait for every value by polling it (each starts as SENTINEL); else the caller's acquire made
+    them visible."""
     g = tl.arange(0, G_P2)
     s = tl.arange(0, SPL_P2)
-    ok = (g < G)[:, None] & (s < n_splits)[None, :]
-    idx = (grp * G + g)[:, None] * n_splits + s[None, :]
+    ok = (g < G)[:, None] & (s < ns)[None, :]
+    idx = (grp * G + g)[:, None] * n_max + s[None, :]
     lse_bits = tl.load(lse_ptr.to(tl.pointer_type(tl.int32)) + idx, mask=ok, other=0, volatile=True)
-    while tl.max(tl.where(lse_bits == SENTINEL, 1, 0)) > 0:
-        lse_bits = tl.load(lse_ptr.to(tl.pointer_type(tl.int32)) + idx, mask=ok, other=0, volatile=True)
+    if POLL:
+        while tl.max(tl.max(tl.where(lse_bits == SENTINEL, 1, 0), 1), 0) > 0:
+            lse_bits = tl.load(lse_ptr.to(tl.pointer_type(tl.int32)) + idx, mask=ok, other=0, volatile=True)
     lse = tl.where(ok, lse_bits.to(tl.float32, bitcast=True), float("-inf"))
     m = tl.max(lse, 1)
     m = tl.where(m > float("-inf"), m, 0.0)
-    w = tl.exp2(lse - m[:, None])
-    wsum = tl.sum(w, 1)
+    wsum = tl.sum(tl.exp2(lse - m[:, None]), 1)
     d = tl.arange(0, D)
     acc = tl.zeros((G_P2, D), tl.float32)
     for s0 in tl.static_range(0, SPL_P2, CHUNK):
         sc = s0 + tl.arange(0, CHUNK)
-        okc = (g < G)[:, None] & (sc < n_splits)[None, :]
-        idc = (grp * G + g)[:, None] * n_splits + sc[None, :]
+        okc = (g < G)[:, None] & (sc < ns)[None, :]
+        idc = (grp * G + g)[:, None] * n_max + sc[None, :]
         ptr = o_ptr.to(tl.pointer_type(tl.int32)) + idc[:, :, None] * D + d[None, None, :]
         bits = tl.load(ptr, mask=okc[:, :, None], other=0, volatile=True)
-        while tl.max(tl.max(tl.max(tl.where(bits == SENTINEL, 1, 0), 2), 1), 0) > 0:
-            bits = tl.load(ptr, mask=okc[:, :, None], other=0, volatile=True)
+        if POLL:
+            while tl.max(tl.max(tl.max(tl.where(bits == SENTINEL, 1, 0), 2), 1), 0) > 0:
+                bits = tl.load(ptr, mask=okc[:, :, None], other=0, volatile=True)
         lse_c = tl.load(lse_ptr + idc, mask=okc, other=float("-inf"), volatile=True)
         wc = tl.exp2(lse_c - m[:, None])
         acc += tl.sum(wc[:, :, None] * bits.to(tl.float32, bitcast=True), 1)
@@ -109,15 +111,20 @@ def _poll_merge(o_ptr, lse_ptr, out_ptr, grp, n_splits, D: tl.constexpr, G: tl.c
     tl.store(out_ptr + row[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=(g < G)[:, None])
 
 
-@triton.jit(do_not_specialize=["S", "n_splits"])
+@triton.jit(do_not_specialize=["S", "base", "extra", "n_max"])
 def sched_probe_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, count_ptr, claim_ptr, epoch_ptr, out_ptr,
-                       stamp_ptr, S, n_splits, qk_scale, Hq: tl.constexpr, Hkv: tl.constexpr, D: tl.constexpr,
-                       G: tl.constexpr, G_PAD: tl.constexpr, G_P2: tl.constexpr, BLOCK_N: tl.constexpr, MERGE_ROWS: tl.constexpr,
-                       MERGE_SPLITS: tl.constexpr, SPL_P2: tl.constexpr, CHUNK: tl.constexpr, SCHED: tl.constexpr,
+                       stamp_ptr, S, base, extra, n_max, qk_scale, Hq: tl.constexpr, Hkv: tl.constexpr,
+                       D: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, G_P2: tl.constexpr,
+                       BLOCK_N: tl.constexpr, SPL_P2: tl.constexpr, CHUNK: tl.constexpr, SCHED: tl.constexpr,
                        MERGE: tl.constexpr, STAMP: tl.constexpr, LANES: tl.constexpr, DOT_F32: tl.constexpr):
+    # the first `extra` groups have base + 1 splits, the others base: every program of the grid streams
     pid = tl.program_id(0)
-    sp = pid % n_splits
-    grp = pid // n_splits
+    big = extra * (base + 1)
+    p2 = pid - big
+    is_big = pid < big
+    grp = tl.where(is_big, pid // (base + 1), extra + p2 // base)
+    sp = tl.where(is_big, pid % (base + 1), p2 % base)
+    ns = tl.where(is_big, base + 1, base)
     if STAMP:
         tl.store(stamp_ptr + pid * 8, globaltimer_ns(False))
         tl.store(stamp_ptr + pid * 8 + 4, smid().to(tl.int64))
@@ -128,24 +135,25 @@ def sched_probe_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, count_ptr,
     d = tl.arange(0, D)
     q = tl.load(q_ptr + ((b * Hq + hkv * G + rows) * D)[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
     kv_base = grp.to(tl.int64) * S * D
-    part = 0
+    set_rows = (extra + (tl.num_programs(0) - big) // base) * G * n_max  # partial rows per set: groups x G x n_max
+    epoch = grp * 0
     if MERGE == 2:
         epoch = tl.load(epoch_ptr + grp)
-        part = epoch % 2  # this call's partial buffers; the merger clears the other set for the next call
-        if sp == n_splits - 1:
-            base = (1 - part) * (tl.num_programs(0) * G)  # partial rows per set: groups x G x splits = programs x G
-            for s0 in range(0, n_splits):
-                prow = (grp * G + rows) * n_splits + s0
-                tl.store(lse_part_ptr.to(tl.pointer_type(tl.int32)) + base + prow, tl.full((G_PAD,), SENTINEL, tl.int32),
+        if (sp == ns - 1) & (ns > 1):  # the merger clears the other set of partials for the next call
+            other = (1 - epoch % 2) * set_rows
+            for s0 in range(0, ns):
+                prow = other + (grp * G + rows) * n_max + s0
+                tl.store(lse_part_ptr.to(tl.pointer_type(tl.int32)) + prow, tl.full((G_PAD,), SENTINEL, tl.int32),
                          mask=row_ok)
-                tl.store(o_part_ptr.to(tl.pointer_type(tl.int32)) + (base + prow)[:, None] * D + d[None, :],
+                tl.store(o_part_ptr.to(tl.pointer_type(tl.int32)) + prow[:, None] * D + d[None, :],
                          tl.full((G_PAD, D), SENTINEL, tl.int32), mask=row_ok[:, None])
+    part = (epoch % 2) * set_rows
     m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((G_PAD,), tl.float32)
     acc = tl.zeros((G_PAD, D), tl.float32)
     ntiles = 0
     if SCHED == 0:
-        for n in range(sp * BLOCK_N, S, n_splits * BLOCK_N):
+        for n in range(sp * BLOCK_N, S, ns * BLOCK_N):
             tok = n + tl.arange(0, BLOCK_N)
             offs = kv_base + tok.to(tl.int64)[:, None] * D + d[None, :]
             k = tl.load(k_ptr + offs)
@@ -157,17 +165,17 @@ def sched_probe_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, count_ptr,
         ctr = claim_ptr + grp
         cur = sp
         kc, vc = _load_tile(k_ptr, v_ptr, kv_base, cur, T, BLOCK_N, D)
-        c1 = claim_tile(ctr, cur < T, T, n_splits, LANES)
-        n1 = claimed_tile(c1, cur < T, T, n_splits, LANES)
+        c1 = claim_tile(ctr, cur < T, T, ns, LANES)
+        n1 = claimed_tile(c1, cur < T, T, ns, LANES)
         k1, v1 = _load_tile(k_ptr, v_ptr, kv_base, n1, T, BLOCK_N, D)
-        c2 = claim_tile(ctr, n1 < T, T, n_splits, LANES)
+        c2 = claim_tile(ctr, n1 < T, T, ns, LANES)
         while cur < T:
             tok = cur * BLOCK_N + tl.arange(0, BLOCK_N)
             m_i, l_i, acc = attend_tile(q, kc, vc, tok < S, m_i, l_i, acc, qk_scale, DOT_F32)
             ntiles += 1
-            n2 = claimed_tile(c2, n1 < T, T, n_splits, LANES)
+            n2 = claimed_tile(c2, n1 < T, T, ns, LANES)
             k2, v2 = _load_tile(k_ptr, v_ptr, kv_base, n2, T, BLOCK_N, D)
-            c2 = claim_tile(ctr, n2 < T, T, n_splits, LANES)
+            c2 = claim_tile(ctr, n2 < T, T, ns, LANES)
             cur = n1
             kc = k1
             vc = v1
@@ -177,58 +185,67 @@ def sched_probe_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, count_ptr,
     if STAMP:
         tl.store(stamp_ptr + pid * 8 + 1, globaltimer_ns(False))
         tl.store(stamp_ptr + pid * 8 + 5, ntiles)
-    nrows = tl.num_programs(0) * G
-    prow = part * nrows + (grp * G + rows) * n_splits + sp
-    tl.store(o_part_ptr + prow[:, None] * D + d[None, :], acc / l_i[:, None], mask=row_ok[:, None])
-    tl.store(lse_part_ptr + prow, m_i + tl.log2(l_i), mask=row_ok)
-    if MERGE == 1:
-        tl.debug_barrier()
-        ticket = tl.atomic_add(count_ptr + grp, 1, sem="acq_rel", scope="gpu")
-        if STAMP:
-            tl.store(stamp_ptr + pid * 8 + 2, globaltimer_ns(False))
-        if ticket % n_splits == n_splits - 1:
+    if ns == 1:  # the group's only split: its result is the output
+        row = (grp * G + rows).to(tl.int64)
+        tl.store(out_ptr + row[:, None] * D + d[None, :], (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+    else:
+        prow = part + (grp * G + rows) * n_max + sp
+        tl.store(o_part_ptr + prow[:, None] * D + d[None, :], acc / l_i[:, None], mask=row_ok[:, None])
+        tl.store(lse_part_ptr + prow, m_i + tl.log2(l_i), mask=row_ok)
+        if MERGE == 1:
             tl.debug_barrier()
-            _merge_group(o_part_ptr, lse_part_ptr, out_ptr, count_ptr, count_ptr, count_ptr, count_ptr, 0, grp,
-                         n_splits, 0, D, G, MERGE_ROWS, MERGE_SPLITS, 0, 1, False)
+            ticket = tl.atomic_add(count_ptr + grp, 1, sem="acq_rel", scope="gpu")
             if STAMP:
-                tl.store(stamp_ptr + pid * 8 + 3, globaltimer_ns(False))
-    elif MERGE == 2:
-        if STAMP:
-            tl.store(stamp_ptr + pid * 8 + 2, globaltimer_ns(False))
-        if sp == n_splits - 1:
-            _poll_merge(o_part_ptr + part * nrows * D, lse_part_ptr + part * nrows, out_ptr, grp, n_splits, D, G,
-                        G_P2, SPL_P2, CHUNK)
-            tl.store(epoch_ptr + grp, epoch + 1)
+                tl.store(stamp_ptr + pid * 8 + 2, globaltimer_ns(False))
+            if ticket % ns == ns - 1:
+                tl.debug_barrier()
+                _merge_splits(o_part_ptr, lse_part_ptr, out_ptr, grp, ns, n_max, False, D, G, G_P2, SPL_P2, CHUNK)
+                if STAMP:
+                    tl.store(stamp_ptr + pid * 8 + 3, globaltimer_ns(False))
+        elif MERGE == 2:
             if STAMP:
-                tl.store(stamp_ptr + pid * 8 + 3, globaltimer_ns(False))
+                tl.store(stamp_ptr + pid * 8 + 2, globaltimer_ns(False))
+            if sp == ns - 1:
+                _merge_splits(o_part_ptr + part * D, lse_part_ptr + part, out_ptr, grp, ns, n_max, True, D, G, G_P2,
+                              SPL_P2, CHUNK)
+                tl.store(epoch_ptr + grp, epoch + 1)
+                if STAMP:
+                    tl.store(stamp_ptr + pid * 8 + 3, globaltimer_ns(False))
 
 
 class Probe:
-    def __init__(self, B, D, S, splits, block_n, warps, stages, sched, merge, dev):
+    """One configuration of sched_probe_kernel: `programs` (default B * Hkv * splits) shared by the groups
+    as evenly as whole programs allow."""
+
+    def __init__(self, B, D, S, splits, block_n, warps, stages, sched, merge, dev, programs=0):
         self.B, self.D, self.S = B, D, S
         self.G = HQ // HKV
-        self.splits = splits
-        assert S % block_n == 0 and S // block_n >= splits, "whole tiles, one at least per split"
-        self.programs = B * HKV * splits
+        groups = B * HKV
+        self.programs = programs or groups * splits
+        self.base, self.extra = divmod(self.programs, groups)
+        assert self.base >= 1, "a program per group at least"
+        self.n_max = self.base + (self.extra > 0)
+        assert S % block_n == 0 and S // block_n >= self.n_max, "whole tiles, one at least per split"
         R = B * HQ
-        self.o_part = torch.empty(2 * R * splits * D, dtype=torch.float32, device=dev)
-        self.lse_part = torch.empty(2 * R * splits, dtype=torch.float32, device=dev)
+        self.o_part = torch.empty(2 * R * self.n_max * D, dtype=torch.float32, device=dev)
+        self.lse_part = torch.empty(2 * R * self.n_max, dtype=torch.float32, device=dev)
         self.o_part.view(torch.int32).fill_(SENTINEL)
         self.lse_part.view(torch.int32).fill_(SENTINEL)
-        self.counts = torch.zeros(B * HKV, dtype=torch.int64, device=dev)
-        self.claims = torch.zeros(B * HKV, dtype=torch.int64, device=dev)
-        self.epochs = torch.zeros(B * HKV, dtype=torch.int32, device=dev)
+        self.counts = torch.zeros(groups, dtype=torch.int64, device=dev)
+        self.claims = torch.zeros(groups, dtype=torch.int64, device=dev)
+        self.epochs = torch.zeros(groups, dtype=torch.int32, device=dev)
         self.stamps = torch.zeros(self.programs * 8, dtype=torch.int64, device=dev)
-        mr, ms = _merge_tile(self.G, D, warps)
-        spl_p2 = triton.next_power_of_2(splits)
-        chunk = max(1, min(spl_p2, (2048 * warps) // (self.G * D)))
-        self.kw = dict(Hq=HQ, Hkv=HKV, D=D, G=self.G, G_PAD=16, G_P2=triton.next_power_of_2(self.G), BLOCK_N=block_n, MERGE_ROWS=mr, MERGE_SPLITS=ms,
-                       SPL_P2=spl_p2, CHUNK=chunk, SCHED=SCHEDS[sched], MERGE=MERGES[merge], LANES=32 * warps,
+        spl_p2 = triton.next_power_of_2(self.n_max)
+        g_p2 = triton.next_power_of_2(self.G)
+        chunk = max(1, min(spl_p2, (2048 * warps) // (g_p2 * D)))
+        self.kw = dict(Hq=HQ, Hkv=HKV, D=D, G=self.G, G_PAD=16, G_P2=g_p2, BLOCK_N=block_n, SPL_P2=spl_p2,
+                       CHUNK=chunk, SCHED=SCHEDS[sched], MERGE=MERGES[merge], LANES=32 * warps,
                        DOT_F32=dev.type != "cuda", num_warps=warps, num_stages=stages)
 
     def __call__(self, q, k, v, out, stamp=False):
         sched_probe_kernel[(self.programs,)](q, k, v, self.o_part, self.lse_part, self.counts, self.claims,
-                                             self.epochs, out, self.stamps, self.S, self.splits,
+                                             self.epochs, out, self.stamps, self.S, self.base, self.extra, self.n_max,
                                              LOG2E / math.sqrt(self.D), STAMP=stamp, **self.kw)
         return out
 
@@ -291,13 +308,21 @@ def main():
     res["read_gb_per_s"] = bw["read_gb_per_s"]
     rows = []
     t_end = time.time() + args.budget_s
-    shapes = [(1, 32768, 64, 16, 128, 4, 3), (1, 32768, 128, 16, 128, 8, 3), (1, 131072, 64, 32, 128, 4, 2),
-              (4, 32768, 64, 4, 128, 4, 3), (16, 8192, 128, 2, 64, 4, 2), (1, 8192, 64, 16, 64, 4, 3)]
+    sms = props.multi_processor_count
+    # (B, S, D): [(splits, programs (0: B * Hkv * splits), block_n, warps, stages)], each with every merge
+    shapes = {(1, 32768, 64): [(16, 0, 128, 4, 3), (16, sms, 128, 4, 3)],
+              (1, 32768, 128): [(16, 0, 128, 8, 3), (16, sms, 128, 8, 3)],
+              (1, 131072, 64): [(32, 0, 128, 4, 2), (32, 2 * sms, 128, 4, 2)],
+              (4, 8192, 64): [(4, 0, 128, 4, 3), (4, sms, 128, 4, 3)],
+              (4, 32768, 64): [(4, 0, 128, 4, 3), (4, sms, 128, 4, 3)],
+              (16, 8192, 128): [(2, 0, 64, 4, 2), (1, 0, 128, 4, 3), (1, 0, 64, 4, 3), (1, sms, 128, 4, 3)],
+              (1, 8192, 64): [(16, 0, 64, 4, 4), (16, sms, 64, 4, 4)]}
     try:
-        for (B, S, D, splits, block_n, warps, stages) in shapes:
+        for (B, S, D), cfgs in shapes.items():
             sets, kv = make_sets(B, S, D, dev, l2)
             floor_us = (kv + 2 * B * HQ * D * 2) / (bw["read_gb_per_s"] * 1e3)
             o_ref, _ = attention_partial_f32(sets[0][0], sets[0][1], sets[0][2])
+            o_ref2 = attention_partial_f32(sets[1][0], sets[1][1], sets[1][2])[0] if len(sets) > 1 else None
             base = {"B": B, "S": S, "D": D, "floor_us": floor_us}
             tuned = LocalDecode(B, HQ, HKV, D, S, dev)
             sets[0][3].fill_(float("nan"))
@@ -307,12 +332,13 @@ def main():
             rows.append({**base, "what": "LocalDecode (tuned)", "config": tuned.describe(), "us": r["us"],
                          "rel_error": err})
             log(rows[-1])
-            one_wave = B * HKV * splits <= props.multi_processor_count
-            for sched in ("static", "claim"):
+            for (splits, programs, block_n, warps, stages) in cfgs:
+                n_prog = programs or B * HKV * splits
                 for merge in ("ticket", "poll", "none"):
-                    if merge == "poll" and not one_wave:
+                    if merge == "poll" and n_prog > 2 * sms:  # every program resident (these configs fit 2 per SM)
                         continue
-                    cfg = dict(splits=splits, block_n=block_n, warps=warps, stages=stages, sched=sched, merge=merge)
+                    cfg = dict(splits=splits, programs=n_prog, block_n=block_n, warps=warps, stages=stages,
+                               sched="static", merge=merge)
                     if time.time() > t_end:
                         rows.append({**base, **cfg, "error": "budget"})
                         continue
@@ -323,13 +349,12 @@ def main():
                         torch.cuda.synchronize()
                         err = rel_error(sets[0][3], o_ref) if merge != "none" else None
                         r = time_graph(lambda i, p=p: p(*sets[i]), len(sets), args.replays)
-                        sets[1 % len(sets)][3].fill_(float("nan"))
-                        p(*sets[1 % len(sets)])  # still right after a graph's many calls
-                        torch.cuda.synchronize()
                         err2 = None
-                        if merge != "none" and len(sets) > 1:
-                            o2, _ = attention_partial_f32(sets[1][0], sets[1][1], sets[1][2])
-                            err2 = rel_error(sets[1][3], o2)
+                        if merge != "none" and o_ref2 is not None:  # still right after a graph's many calls
+                            sets[1][3].fill_(float("nan"))
+                            p(*sets[1])
+                            torch.cuda.synchronize()
+                            err2 = rel_error(sets[1][3], o_ref2)
                         row = {**base, "what": "probe", **cfg, "us": r["us"], "rel_error": err, "rel_error_after": err2}
                         stamps = []
                         for rep in range(5):
@@ -343,8 +368,6 @@ def main():
                         torch.cuda.synchronize()
                         rows.append({**base, **cfg, "error": " ".join(f"{type(e).__name__}: {e}".split())[:300]})
                     log({k: v for k, v in rows[-1].items() if k != "stamps_summary"})
-                    for s in rows[-1].get("stamps_summary", [])[:2]:
-                        log("   ", s)
             del sets
             torch.cuda.empty_cache()
     finally:
@@ -352,7 +375,8 @@ def main():
         (out / "decode_schedule_probe.json").write_text(json.dumps(res, indent=1))
     for r in rows:
         if "us" in r:
-            log(f"{r['B']:>2} {r['S']:>6} {r['D']:>3} {r.get('sched', 'tuned'):6} {r.get('merge', ''):6} "
+            log(f"{r['B']:>2} {r['S']:>6} {r['D']:>3} {r.get('splits', '')!s:>3} {r.get('programs', '')!s:>4} "
+                f"{r.get('block_n', '')!s:>4} {r.get('sched', 'tuned'):6} {r.get('merge', ''):6} "
                 f"{r['us']:8.2f} us  frac {r['floor_us'] / r['us']:.3f}  err {r.get('rel_error')}")
         else:
             log(r)
