@@ -37,7 +37,7 @@ from taxes.kernels.sync import globaltimer_ns
 from graph_timing import read_all, read_bandwidth, time_graph
 
 HQ, HKV = 64, 8
-SENTINEL = 0x7FBADBAD  # a NaN no division or log produces: "not written yet"
+SENTINEL = tl.constexpr(0x7FBADBAD)  # a NaN no division or log produces: "not written yet"
 SCHEDS = {"static": 0, "claim": 1}
 MERGES = {"none": 0, "ticket": 1, "poll": 2}
 
@@ -230,8 +230,8 @@ class Probe:
         R = B * HQ
         self.o_part = torch.empty(2 * R * self.n_max * D, dtype=torch.float32, device=dev)
         self.lse_part = torch.empty(2 * R * self.n_max, dtype=torch.float32, device=dev)
-        self.o_part.view(torch.int32).fill_(SENTINEL)
-        self.lse_part.view(torch.int32).fill_(SENTINEL)
+        self.o_part.view(torch.int32).fill_(SENTINEL.value)
+        self.lse_part.view(torch.int32).fill_(SENTINEL.value)
         self.counts = torch.zeros(groups, dtype=torch.int64, device=dev)
         self.claims = torch.zeros(groups, dtype=torch.int64, device=dev)
         self.epochs = torch.zeros(groups, dtype=torch.int32, device=dev)
@@ -243,11 +243,27 @@ class Probe:
                        CHUNK=chunk, SCHED=SCHEDS[sched], MERGE=MERGES[merge], LANES=32 * warps,
                        DOT_F32=dev.type != "cuda", num_warps=warps, num_stages=stages)
 
+    def _args(self, q, k, v, out):
+        return (q, k, v, self.o_part, self.lse_part, self.counts, self.claims, self.epochs, out, self.stamps, self.S,
+                self.base, self.extra, self.n_max, LOG2E / math.sqrt(self.D))
+
+    def compile(self, q, k, v, out):
+        """The compiled kernel, without a launch (its registers and shared memory say how many fit an SM)."""
+        return sched_probe_kernel.warmup(*self._args(q, k, v, out), grid=(self.programs,), STAMP=False, **self.kw)
+
     def __call__(self, q, k, v, out, stamp=False):
-        sched_probe_kernel[(self.programs,)](q, k, v, self.o_part, self.lse_part, self.counts, self.claims,
-                                             self.epochs, out, self.stamps, self.S, self.base, self.extra, self.n_max,
-                                             LOG2E / math.sqrt(self.D), STAMP=stamp, **self.kw)
+        sched_probe_kernel[(self.programs,)](*self._args(q, k, v, out), STAMP=stamp, **self.kw)
         return out
+
+
+def resident_per_sm(c, num_warps) -> int:
+    """Programs of compiled kernel c one H100 SM holds at once (registers, shared memory, threads)."""
+    if getattr(c, "n_regs", None) is None and hasattr(c, "_init_handles"):
+        c._init_handles()  # loads the module: registers and spills are known from then on
+    threads = 32 * num_warps
+    regs = max(1, ((c.n_regs + 7) // 8) * 8) * threads
+    smem = c.metadata.shared + 1024
+    return max(0, min(65536 // regs, (228 * 1024) // smem, 2048 // threads, 32))
 
 
 def make_sets(B, S, D, dev, l2):
@@ -310,13 +326,14 @@ def main():
     t_end = time.time() + args.budget_s
     sms = props.multi_processor_count
     # (B, S, D): [(splits, programs (0: B * Hkv * splits), block_n, warps, stages)], each with every merge
-    shapes = {(1, 32768, 64): [(16, 0, 128, 4, 3), (16, sms, 128, 4, 3)],
-              (1, 32768, 128): [(16, 0, 128, 8, 3), (16, sms, 128, 8, 3)],
-              (1, 131072, 64): [(32, 0, 128, 4, 2), (32, 2 * sms, 128, 4, 2)],
-              (4, 8192, 64): [(4, 0, 128, 4, 3), (4, sms, 128, 4, 3)],
-              (4, 32768, 64): [(4, 0, 128, 4, 3), (4, sms, 128, 4, 3)],
-              (16, 8192, 128): [(2, 0, 64, 4, 2), (1, 0, 128, 4, 3), (1, 0, 64, 4, 3), (1, sms, 128, 4, 3)],
-              (1, 8192, 64): [(16, 0, 64, 4, 4), (16, sms, 64, 4, 4)]}
+    shapes = {(1, 32768, 64): [(16, 0, 128, 4, 3), (32, 0, 128, 4, 2), (32, 0, 64, 4, 3), (64, 0, 64, 4, 2)],
+              (1, 32768, 128): [(16, 0, 128, 8, 3), (32, 0, 64, 4, 3)],
+              (1, 131072, 64): [(32, 0, 128, 4, 2), (16, 0, 128, 4, 3)],
+              (4, 8192, 64): [(4, 0, 128, 4, 3), (8, 0, 128, 4, 2)],
+              (4, 32768, 64): [(4, 0, 128, 4, 3)],
+              (16, 8192, 128): [(2, 0, 64, 4, 2), (1, 0, 128, 4, 3), (1, 0, 128, 4, 2), (1, 0, 64, 4, 3)],
+              (16, 8192, 64): [(1, 0, 128, 4, 3), (2, 0, 128, 4, 2)],
+              (1, 8192, 64): [(16, 0, 64, 4, 4), (32, 0, 64, 4, 3)]}
     try:
         for (B, S, D), cfgs in shapes.items():
             sets, kv = make_sets(B, S, D, dev, l2)
@@ -335,8 +352,6 @@ def main():
             for (splits, programs, block_n, warps, stages) in cfgs:
                 n_prog = programs or B * HKV * splits
                 for merge in ("ticket", "poll", "none"):
-                    if merge == "poll" and n_prog > 2 * sms:  # every program resident (these configs fit 2 per SM)
-                        continue
                     cfg = dict(splits=splits, programs=n_prog, block_n=block_n, warps=warps, stages=stages,
                                sched="static", merge=merge)
                     if time.time() > t_end:
@@ -344,6 +359,11 @@ def main():
                         continue
                     try:
                         p = Probe(B, D, S, dev=dev, **cfg)
+                        fits = resident_per_sm(p.compile(*sets[0]), warps)
+                        if merge == "poll" and n_prog > sms * fits:  # the merger waits for the others: one wave only
+                            rows.append({**base, **cfg, "error": f"not one wave ({fits} per SM)"})
+                            log(rows[-1])
+                            continue
                         sets[0][3].fill_(float("nan"))
                         p(*sets[0])
                         torch.cuda.synchronize()
@@ -355,7 +375,8 @@ def main():
                             p(*sets[1])
                             torch.cuda.synchronize()
                             err2 = rel_error(sets[1][3], o_ref2)
-                        row = {**base, "what": "probe", **cfg, "us": r["us"], "rel_error": err, "rel_error_after": err2}
+                        row = {**base, "what": "probe", **cfg, "us": r["us"], "rel_error": err, "rel_error_after": err2,
+                               "per_sm": fits}
                         stamps = []
                         for rep in range(5):
                             p.stamps.zero_()
