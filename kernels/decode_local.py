@@ -16,7 +16,8 @@ is reset between calls and the launch replays from a CUDA graph. Nobody waits: t
 every other split written (release by each writer, acquire by it), which keeps the launch correct under
 Triton's interpreter, where programs run one after another. A separate combine kernel cost ~17 us at
 batch 1 (a few programs looping over 32 partial sets after the split kernel ended); the merge in the last
-arriver runs while other groups still stream KV, and only the last group's merge is exposed. K and V
+arriver runs while other groups still stream KV, and only the last group's merge is exposed. A group of
+one split (large batches) writes its rows at once: no partial, no ticket, no merge. K and V
 come through TMA descriptors or pointer loads, block size, warps, pipeline stages and splits as the
 tuned table (kernels/flash_decode_tuned.json, measured by benchmarks/decode_world1.py --tune) says for
 the shape.
@@ -145,15 +146,54 @@ def attend_tile(q, k, v, tok_ok, m_i, l_i, acc, qk_scale, DOT_F32: tl.constexpr)
 
 
 @triton.jit
+def _push_epoch(state_ptr):
+    """This call's epoch (state[0]: the last finished call; on the device, so a CUDA graph can replay)."""
+    return tl.load(state_ptr, volatile=True) + 1
+
+
+@triton.jit
+def _write_rows(o, lse, row, ok, out_ptr, inbox_ptr, bases, rank, parity, R, D: tl.constexpr, OUT: tl.constexpr,
+                WORLD: tl.constexpr):
+    """Write finished rows (o: [rows, D] float32, lse: base 2; row: b * Hq + head): the output in its dtype
+    (OUT_FINAL), the packed float32 (o, lse) rows (OUT_PACKED), or slot `rank` of this call's parity in
+    every rank's inbox, ours included (OUT_PUSH)."""
+    d = tl.arange(0, D)
+    row = row.to(tl.int64)
+    if OUT == 0:
+        tl.store(out_ptr + row[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+    elif OUT == 1:
+        dst = out_ptr + row * (D + 1)
+        tl.store(dst[:, None] + d[None, :], o, mask=ok[:, None])
+        tl.store(dst + D, lse, mask=ok)
+    else:
+        slot = inbox_ptr + ((parity * WORLD + rank) * R + row) * (D + 1)
+        for dd in range(0, WORLD):
+            dst = peer_ptr(slot, bases, rank, (rank + dd) % WORLD)
+            tl.store(dst[:, None] + d[None, :], o, mask=ok[:, None])
+            tl.store(dst + D, lse, mask=ok)
+
+
+@triton.jit
+def _signal_group(flags_ptr, bases, rank, grp, epoch, R, G: tl.constexpr, WORLD: tl.constexpr,
+                  DATA_SIGNAL: tl.constexpr):
+    """OUT_PUSH with flags: tell every peer that group grp's rows of this call are in its inbox."""
+    if not DATA_SIGNAL:
+        for dd in range(1, WORLD):
+            peer = (rank + dd) % WORLD
+            signal(peer_ptr(flags_ptr + rank * (R // G) + grp, bases, rank, peer), epoch, "sys")
+
+
+@triton.jit
 def _merge_group(o_part_ptr, lse_part_ptr, out_ptr, inbox_ptr, bases, flags_ptr, state_ptr, rank, grp, n_splits, R,
                  D: tl.constexpr, G: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
                  OUT: tl.constexpr, WORLD: tl.constexpr, DATA_SIGNAL: tl.constexpr):
     """The last arriver of group `grp`: merge its splits' partials, MERGE_ROWS query heads by MERGE_SPLITS
     splits at a time (one [rows, splits, D] tile per step), and write the group's rows."""
     d = tl.arange(0, D)
+    epoch = 0
+    parity = 0
     if OUT == 2:
-        # the epoch lives on the device (state[0]: last finished call), so a CUDA graph can replay the launch
-        epoch = tl.load(state_ptr, volatile=True) + 1
+        epoch = _push_epoch(state_ptr)
         parity = epoch % 2
     for g0 in tl.static_range(0, G, MERGE_ROWS):
         g = g0 + tl.arange(0, MERGE_ROWS)
@@ -177,27 +217,10 @@ def _merge_group(o_part_ptr, lse_part_ptr, out_ptr, inbox_ptr, bases, flags_ptr,
             wsum = wsum * alpha + tl.sum(w, 1)
             acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_c, 1)
             m = m_new
-        o = acc / wsum[:, None]
-        lse = m + tl.log2(wsum)
-        row = (grp * G + g).to(tl.int64)  # = b * Hq + hkv * G + g
-        if OUT == 0:
-            tl.store(out_ptr + row[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
-        elif OUT == 1:
-            dst = out_ptr + row * (D + 1)
-            tl.store(dst[:, None] + d[None, :], o, mask=g_ok[:, None])
-            tl.store(dst + D, lse, mask=g_ok)
-        else:
-            # slot `rank` of this call's parity, in our inbox (the fused combine reads it) and every peer's
-            slot = inbox_ptr + ((parity * WORLD + rank) * R + row) * (D + 1)
-            for dd in range(0, WORLD):
-                dst = peer_ptr(slot, bases, rank, (rank + dd) % WORLD)
-                tl.store(dst[:, None] + d[None, :], o, mask=g_ok[:, None])
-                tl.store(dst + D, lse, mask=g_ok)
+        _write_rows(acc / wsum[:, None], m + tl.log2(wsum), grp * G + g, g_ok, out_ptr, inbox_ptr, bases, rank,
+                    parity, R, D, OUT, WORLD)
     if OUT == 2:
-        if not DATA_SIGNAL:
-            for dd in range(1, WORLD):
-                peer = (rank + dd) % WORLD
-                signal(peer_ptr(flags_ptr + rank * (R // G) + grp, bases, rank, peer), epoch, "sys")
+        _signal_group(flags_ptr, bases, rank, grp, epoch, R, G, WORLD, DATA_SIGNAL)
 
 
 @triton.jit(do_not_specialize=["S", "n_splits", "rank"])
@@ -235,16 +258,29 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr,
             k = tl.load(k_ptr + offs, mask=tok_ok[:, None], other=0.0, eviction_policy=EVICT)
             v = tl.load(v_ptr + offs, mask=tok_ok[:, None], other=0.0, eviction_policy=EVICT)
         m_i, l_i, acc = attend_tile(q, k, v, tok_ok, m_i, l_i, acc, qk_scale, DOT_F32)
-    prow = (grp * G + rows) * n_splits + sp
-    tl.store(o_part_ptr + prow[:, None] * D + d[None, :], acc / l_i[:, None], mask=row_ok[:, None])
-    tl.store(lse_part_ptr + prow, m_i + tl.log2(l_i), mask=row_ok)
-    # every thread's stores issued, then one release: the group's last arriver sees them all
-    tl.debug_barrier()
-    ticket = tl.atomic_add(count_ptr + grp, 1, sem="acq_rel", scope="gpu")
-    if ticket % n_splits == n_splits - 1:
-        tl.debug_barrier()  # no thread's load of the partials moves above the acquire
-        _merge_group(o_part_ptr, lse_part_ptr, out_ptr, inbox_ptr, bases, flags_ptr, state_ptr, rank, grp, n_splits,
-                     R, D, G, MERGE_ROWS, MERGE_SPLITS, OUT, WORLD, DATA_SIGNAL)
+    if n_splits == 1:
+        # the group's only split: its result is the group's, written at once (no partial, ticket or merge:
+        # 1-4 us less at B=16, benchmarks/decode_schedule_probe.py)
+        epoch = 0
+        parity = 0
+        if OUT == 2:
+            epoch = _push_epoch(state_ptr)
+            parity = epoch % 2
+        _write_rows(acc / l_i[:, None], m_i + tl.log2(l_i), grp * G + rows, row_ok, out_ptr, inbox_ptr, bases, rank,
+                    parity, R, D, OUT, WORLD)
+        if OUT == 2:
+            _signal_group(flags_ptr, bases, rank, grp, epoch, R, G, WORLD, DATA_SIGNAL)
+    else:
+        prow = (grp * G + rows) * n_splits + sp
+        tl.store(o_part_ptr + prow[:, None] * D + d[None, :], acc / l_i[:, None], mask=row_ok[:, None])
+        tl.store(lse_part_ptr + prow, m_i + tl.log2(l_i), mask=row_ok)
+        # every thread's stores issued, then one release: the group's last arriver sees them all
+        tl.debug_barrier()
+        ticket = tl.atomic_add(count_ptr + grp, 1, sem="acq_rel", scope="gpu")
+        if ticket % n_splits == n_splits - 1:
+            tl.debug_barrier()  # no thread's load of the partials moves above the acquire
+            _merge_group(o_part_ptr, lse_part_ptr, out_ptr, inbox_ptr, bases, flags_ptr, state_ptr, rank, grp,
+                         n_splits, R, D, G, MERGE_ROWS, MERGE_SPLITS, OUT, WORLD, DATA_SIGNAL)
 
 
 # ---- host side ------------------------------------------------------------------------------------

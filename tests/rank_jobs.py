@@ -49,9 +49,10 @@ def ag_gemm_job(ctx, variant, cfg, M, N, K, dtype_name, seed, calls=2, wait_s=30
     return errors
 
 
-def flash_decode_job(ctx, variant, signal, B, Hq, Hkv, D, S, dtype_name, calls=3, scale=1.0):
+def flash_decode_job(ctx, variant, signal, B, Hq, Hkv, D, S, dtype_name, calls=3, scale=1.0, splits=0):
     """One flash decode variant on emulated ranks, `calls` calls on NaN-poisoned output: each call's relative
-    error against float32 attention over every rank's KV, and the number of KV splits."""
+    error against float32 attention over every rank's KV, and the number of KV splits (splits: forced; 0:
+    the interpreter's rule)."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
     g = torch.Generator().manual_seed(100 + ctx.rank)
     q = (torch.randn(B, Hq, D, generator=torch.Generator().manual_seed(7)) * scale).to(dtype)  # replicated
@@ -60,7 +61,7 @@ def flash_decode_job(ctx, variant, signal, B, Hq, Hkv, D, S, dtype_name, calls=3
     k.local.copy_(torch.randn(B, Hkv, S, D, generator=g).to(dtype))
     v.local.copy_(torch.randn(B, Hkv, S, D, generator=g).to(dtype))
     out = torch.empty(B, Hq, D, dtype=dtype)
-    cfg = decode_local.Config(block_n=16, signal=signal)
+    cfg = decode_local.Config(block_n=16, splits=splits, signal=signal)
     run = fd.FlashDecode(ctx, B, Hq, Hkv, D, S, dtype, variant, cfg, wait_s=30)
     ctx.barrier()
     errors = []

@@ -34,6 +34,16 @@ CASES = [("bsp", "flag"), ("bsp-graph", "flag"), ("fused-push", "flag"), ("fused
          ("fused-push-graph", "flag"), ("bsp-sdpa", "flag"), ("bsp-sdpa-graph", "flag")]
 
 
+@pytest.mark.parametrize("variant,signal", [("bsp", "flag"), ("fused-push", "flag"), ("fused-push", "data")])
+def test_one_split_per_group_pushes_and_packs_without_a_merge(variant, signal):
+    # one split per (batch, KV head): each program writes its group's rows itself (packed for bsp, pushed
+    # into both ranks' inboxes with a flag or as data for fused); both inbox parities, three calls
+    results = launch(flash_decode_job, 2, variant, signal, 2, 8, 2, 64, 40, "fp16", 3, 1.0, 1, timeout_s=300)
+    for errors, splits in results:
+        assert splits == 1
+        assert len(errors) == 3 and all(e < 1e-2 for e in errors), errors
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("variant,signal", CASES)
@@ -83,7 +93,9 @@ def test_local_decode_matches_float32_reference_call_after_call(B, Hq, Hkv, D, S
         dec.packed(q, k, v, packed)
         assert torch.allclose(packed[:, :D], o_ref.view(-1, D), atol=1e-5, rtol=1e-4)
         assert torch.allclose(packed[:, D], lse_ref.view(-1) * LOG2E, atol=1e-4)  # base 2
-        assert dec.counts.tolist() == [2 * (call + 1) * dec.n_splits] * (B * Hkv)
+        # a group of one split writes its rows at once and takes no ticket
+        tickets = 2 * (call + 1) * dec.n_splits if dec.n_splits > 1 else 0
+        assert dec.counts.tolist() == [tickets] * (B * Hkv)
 
 
 def test_local_decode_binds_one_launch_per_set_of_buffers_and_stays_right_across_them():
