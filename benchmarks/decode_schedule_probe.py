@@ -5,16 +5,24 @@
 At B=1, S=32K, D=64 (67 MB of KV) the decode's programs end their KV loops up to 2-3 us apart, and the
 last group's merge adds 1.5 us after the last loop (benchmarks/decode_probe.py). This times, from CUDA
 graphs over KV sets rotated beyond L2, the combinations of
-- schedule: `static` (split sp takes every n-th tile of its group, a pipelined loop, as decode_kernel) or
-  `claim` (each program takes its first tile statically, then claims the group's remaining tiles one at a
-  time from a counter, the claim two tiles ahead and the loads one tile ahead of the compute, so a program
-  that streams faster takes more tiles);
+- programs: B x Hkv x splits, or any count shared by the groups as evenly as whole programs allow (132:
+  every SM streams, some groups have one split more);
+- schedule: `static` (split sp takes every n-th tile of its group, a pipelined loop, as decode_kernel) or,
+  with --claims, `claim` (each program takes its first tile statically, then claims the group's remaining
+  tiles one at a time from a counter, the claim two tiles ahead and the loads one tile ahead of the
+  compute, so a program that streams faster takes more tiles; Triton does not pipeline this loop);
 - merge: `ticket` (each split stores its partial, releases, takes a ticket; the last arriver merges, as
   decode_kernel), `poll` (the group's last split merges: it polls the partials, which start as a NaN
   sentinel, until every value has arrived: no fence and no atomic between the last store and the merge;
   it needs every program of the group resident, one wave) or `none` (partials only: a wrong result, timed
   to price the merge);
-with per-program %globaltimer stamps (start, loop end, arrival, merge end), %smid and tiles streamed.
+with per-program %globaltimer stamps (start, loop end, arrival, merge end), %smid and tiles streamed. A
+group of one split writes its output itself (no merge), as decode_kernel does.
+
+What it found on one H100 (reports/flash_decode/decode_schedule_probe-h100.json, -claims-h100.json):
+claimed tiles take twice as long; polling merges 0.5-3 us slower than the ticket; 132 programs are no
+faster than 128; without any merge B=1, S=32K, D=64 takes 25.4-25.6 us (0.85 of the floor), so the
+ticket merge's 1-2 us is what holds it under; one split per group at B=16 saves 1-4 us.
 """
 
 from __future__ import annotations
@@ -306,6 +314,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--budget-s", type=float, default=300)
+    ap.add_argument("--claims", action="store_true", help="also every configuration with claimed tiles")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -351,9 +360,10 @@ def main():
             log(rows[-1])
             for (splits, programs, block_n, warps, stages) in cfgs:
                 n_prog = programs or B * HKV * splits
-                for merge in ("ticket", "poll", "none"):
+                for sched, merge in [(sc, m) for sc in ("static", "claim")[:1 + args.claims]
+                                     for m in ("ticket", "poll", "none")]:
                     cfg = dict(splits=splits, programs=n_prog, block_n=block_n, warps=warps, stages=stages,
-                               sched="static", merge=merge)
+                               sched=sched, merge=merge)
                     if time.time() > t_end:
                         rows.append({**base, **cfg, "error": "budget"})
                         continue

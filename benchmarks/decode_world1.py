@@ -500,7 +500,8 @@ def write(out_dir: Path, args, rows, sweep, meta):
                                 "programs_per_sm": b["programs_per_sm"], "sm_count": meta["sm_count"], "us": r["us"],
                                 "sdpa_lse": r.get("sdpa_lse")})
         table = {"made_by": meta["command"], "date": meta["date"], "gpu": meta["gpu_name"], "entries": entries}
-        (out_dir / "flash_decode_tuned.json").write_text(json.dumps(table, indent=1))
+        if not args.update_table:  # else update_table's merged table is the one to keep
+            (out_dir / "flash_decode_tuned.json").write_text(json.dumps(table, indent=1))
     else:
         (out_dir / f"{name}.json").write_text(json.dumps(rows, indent=1))
         (out_dir / f"{name}-meta.json").write_text(json.dumps(meta, indent=1))
