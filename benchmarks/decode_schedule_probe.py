@@ -20,8 +20,8 @@ with per-program %globaltimer stamps (start, loop end, arrival, merge end), %smi
 group of one split writes its output itself (no merge), as decode_kernel does.
 
 What it found on one H100 (reports/flash_decode/decode_schedule_probe-h100.json, -claims-h100.json):
-claimed tiles take twice as long; polling merges 0.5-3 us slower than the ticket; 132 programs are no
-faster than 128; without any merge B=1, S=32K, D=64 takes 25.4-25.6 us (0.85 of the floor), so the
+claimed tiles take twice as long; polling is nowhere faster than the ticket, up to 3 us slower, and wrong
+in one configuration (B=4, S=8K, 8 splits; not chased); 132 programs are no faster than 128; without any merge B=1, S=32K, D=64 takes 25.4-25.6 us (0.85 of the floor), so the
 ticket merge's 1-2 us is what holds it under; one split per group at B=16 saves 1-4 us.
 """
 
