@@ -4,6 +4,8 @@
 #   bash benchmarks/gpu_run.sh timeline OUT   # one GPU: a calibration, the known answers (validate --planted),
 #                                             # flash decode and ag-gemm profiled at world 1 with both clocks,
 #                                             # host launch cost with CUPTI's API records
+#   bash benchmarks/gpu_run.sh profiles OUT   # one GPU: the timeline stage's profiles alone (flash decode at B=1,
+#                                             # S=128K and 32K, ag-gemm; each checked by `taxes check`)
 #   bash benchmarks/gpu_run.sh planted OUT    # one GPU: the known answers alone (validate --planted)
 #   bash benchmarks/gpu_run.sh traces OUT     # one GPU: programs nobody here wrote, run by `taxes trace`
 #                                             # (traces + plain step times, tarred into OUT/traces.tar.gz)
@@ -17,7 +19,7 @@
 # project offline. Every command has its own time limit and writes its result as soon as it ends; a short
 # table comes last.
 set -u
-stages=" ${1:?stage: timeline, planted, traces or cost (several: quoted, space-separated)} "
+stages=" ${1:?stage: timeline, profiles, planted, traces, cost or decode (several: quoted, space-separated)} "
 OUT=${2:-${OUT:-gpu-out}}
 mkdir -p "$OUT"
 if ls .wheels/*.whl >/dev/null 2>&1; then
@@ -38,6 +40,11 @@ if [[ "$stages" == *" timeline "* ]]; then
         --records "$OUT/known_answer-$GPU-x1.records.json.gz" 2>&1 | tail -8
     timeout 120 python3 benchmarks/clock_cost.py --workload flash-decode --shape B=1,S=131072 --iters 40 --rounds 3 \
         --out "$OUT/clock_cost-$GPU.json" 2>&1 | tail -9
+fi
+
+if [[ "$stages" == *" timeline "* || "$stages" == *" profiles "* ]]; then
+    HW=reports/calibration/$GPU-x1-calibrated.json
+    [ -f "$HW" ] || HW="$OUT/$GPU-x1-calibrated.json"
     for S in 131072 32768; do
         timeout 110 taxes profile flash-decode --gpus 1 --shape B=1,S=$S --iters 100 --rounds 5 --clock cupti \
             --hardware "$HW" -o "$OUT/flash_decode-$GPU-x1-B1-S$S.json" --force --timeout-s 100 --format md 2>&1 \
