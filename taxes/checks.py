@@ -19,6 +19,8 @@ import math
 
 import pandas as pd
 
+from taxes.results import rows_state
+
 LIMITS = {"closure": 0.001, "measurement": 0.03, "unattributed": 0.05, "ladder": 0.20}
 COLUMNS = ["check", "workload", "shape", "variant", "where", "value", "reference", "error", "limit", "ok", "cause"]
 
@@ -105,8 +107,9 @@ def provenance_problems(doc: dict) -> list[str]:
     if meta.get("git_dirty"):
         out.append("made from a checkout with uncommitted changes")
     if meta.get("kind") == "profile" and meta.get("source") != "trace":
+        # a peer (someone else's implementation) is timed plain by design: it has no rows to miss
         missing = [v["variant"] for c in doc["cases"] for v in c["variants"]
-                   if v.get("samples_us") and not (v.get("attribution") or {}).get("available")]
+                   if v.get("samples_us") and rows_state(v) not in ("shown", "timed plain")]
         if missing:
             out.append(f"{len(missing)} variant(s) without rows ({', '.join(sorted(set(missing))[:4])})")
     return out

@@ -23,6 +23,7 @@ from taxes import attribute as att
 from taxes.floor import floor_of, kernel_floor_us
 from taxes.hardware import HardwareProfile
 from taxes.instrument import assemble, raw_from_columns, raw_to_columns
+from taxes.results import TIMED_PLAIN
 from taxes.timeline import Timeline
 from taxes.variants import get, lookup
 from taxes.workloads import make_workload
@@ -74,9 +75,9 @@ def case_document(results: list[dict], workload: str, world: int, dtype: str, hw
                                  "reference": "float32, outputs poisoned with NaN"},
                  "samples_us": samples, "e2e_us": summarize_samples(samples), "phases": [], "components": [],
                  "attributed_e2e_us": None, "measurement_cost_us": None,
-                 "attribution": {"available": False, "why": "not timed with the per-kernel clock (" + (
-                     "someone else's implementation: timed plain" if get(workload, name).peer else
-                     "it failed" if not ok else "no instrumented records") + ")"}}
+                 "attribution": {"available": False, "why": TIMED_PLAIN if get(workload, name).peer else
+                                 "not timed with the per-kernel clock (" + (
+                                     "it failed" if not ok else "no instrumented records") + ")"}}
         entry["plain_e2e_us"] = entry["e2e_us"]["iqm"]
         raws = {clock: [r["variants"][j]["raw"].get(clock) for r in results] for clock in v0.get("raw", {})}
         if ok and raws and all(all(x is not None for x in rs) for rs in raws.values()):

@@ -141,6 +141,16 @@ def summarize_samples(samples_us: list[list[float]], label: str = "measured") ->
 
 NO_ROWS = ("measured with per-phase CUDA events; its rows came from attribution rules since replaced, so none "
            "are shown (its E2E and ratios stand; run `taxes profile` again to attribute it)")
+TIMED_PLAIN = "not timed with the per-kernel clock (someone else's implementation: timed plain)"
+
+
+def rows_state(v: dict) -> str:
+    """Why a variant entry has rows or not: 'shown', 'older rules' (NO_ROWS), 'timed plain' (a peer: by
+    design), or 'none' (it failed, or no instrumented records)."""
+    att = v.get("attribution") or {}
+    if att.get("available", True):
+        return "shown"
+    return {NO_ROWS: "older rules", TIMED_PLAIN: "timed plain"}.get(att.get("why"), "none")
 
 
 def upgrade(doc: dict) -> dict:

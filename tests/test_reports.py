@@ -398,3 +398,23 @@ def test_every_loadable_document_renders(model_doc, mutations):
     render.render_markdown(doc)
     render.render_html(doc)
     render.render_json(doc)
+
+
+def test_a_peer_timed_plain_is_not_called_older_rules():
+    # one H100 ag-gemm document: PyTorch's fused_all_gather_matmul (torch-async-tp) is timed plain by design;
+    # the report must say so, not that the document predates the rules, and --strict must not count it
+    from taxes.checks import provenance_problems
+    from taxes.results import TIMED_PLAIN, rows_state
+
+    doc = results.load(committed("reports/profile/ag_gemm-h100-x1.json.gz"))
+    states = {v["variant"]: rows_state(v) for c in doc["cases"] for v in c["variants"]}
+    assert states.pop("torch-async-tp") == "timed plain" and set(states.values()) == {"shown"}
+    text = render.render_markdown(doc)
+    assert "NO ROWS" not in text and "older rules" not in text
+    rows_line = next(line for line in text.splitlines() if line.startswith("| rows |"))
+    assert rows_line.count("shown") == 5 and "timed plain" in rows_line
+    assert provenance_problems(doc) == []
+    older = copy.deepcopy(doc)  # the same variant marked as measured under older rules is still reported so
+    older["cases"][0]["variants"][0]["attribution"] = {"available": False, "why": results.NO_ROWS}
+    assert "NO ROWS" in render.render_markdown(older) and provenance_problems(older)
+    assert TIMED_PLAIN in json.dumps(doc)

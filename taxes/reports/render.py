@@ -34,6 +34,7 @@ from taxes.reports.plots import (
     stacked_bars,
     timeline,
 )
+from taxes.results import rows_state
 from taxes.sanitize import markdown as md_escape
 from taxes.sanitize import printable
 from taxes.variants import lookup
@@ -48,6 +49,9 @@ LEGEND = ("labels: m measured, d derived, p predicted; times in us per iteration
           "[p10-p90] their 10th and 90th percentiles")
 LEGEND_MODEL = "labels: p predicted, d derived; times in us per iteration, predicted from shapes and the hardware profile"
 MATTER_SHARE = 0.02  # a tax worth naming in the summary: at least this share of the variant's E2E
+ROWS_CELL = {"shown": "shown", "older rules": "not available (older rules)",
+             "timed plain": "none (someone else's implementation, timed plain)",
+             "none": "none (failed, or no instrumented records)"}
 
 
 # ---- what every view shows ------------------------------------------------------------------------
@@ -153,7 +157,7 @@ def marks(doc: dict) -> list[tuple[str, str]]:
     if hit:
         out.append(("PERTURBED", f"measuring cost more than {PERTURBED_SHARE:.0%} of plain E2E for {len(hit)} "
                                  f"variant(s): " + ", ".join(hit[:6]) + (" ..." if len(hit) > 6 else "")))
-    old = sum(1 for c in doc["cases"] for v in c["variants"] if not (v.get("attribution") or {}).get("available", True))
+    old = sum(1 for c in doc["cases"] for v in c["variants"] if rows_state(v) == "older rules")
     if old:
         out.append(("NO ROWS", f"{old} variant(s) were measured under attribution rules since replaced: their E2E "
                                "and ratios stand, their rows are not shown"))
@@ -289,9 +293,8 @@ def case_rows(case: dict) -> tuple[list[str], list[list[str]]]:
     if present:
         for tax in TAXES:
             rows.append([f"= {tax} tax"] + [_fmt(tax_values(v)[tax]) if overall_components(v) else "-" for v in variants])
-    if any(not (v.get("attribution") or {}).get("available", True) for v in variants):
-        rows.append(["rows"] + ["not available (older rules)" if not (v.get("attribution") or {}).get("available", True)
-                                else "shown" for v in variants])
+    if any(rows_state(v) != "shown" for v in variants):
+        rows.append(["rows"] + [ROWS_CELL[rows_state(v)] for v in variants])
     if any(v.get("prediction") for v in variants):
         def pred_cell(v):
             pr, med = v.get("prediction"), e2e_of(v)
