@@ -126,12 +126,13 @@ class Probe:
         return out
 
 
-def make_sets(B, S, D, dev, l2):
+def make_sets(B, S, D, dev, l2, seed=77):
+    """Input sets (q, K, V, out) whose K and V together exceed 3 x L2 bytes, and the bytes of one set's K and V."""
     kv = 2 * B * HKV * S * D * 2
     n = max(1, math.ceil(3 * l2 / kv))
     sets = []
     for i in range(n):
-        g = torch.Generator(device=dev).manual_seed(77 + i)
+        g = torch.Generator(device=dev).manual_seed(seed + i)
         q = torch.randn(B, HQ, D, generator=g, device=dev).to(torch.bfloat16)
         k = torch.randn(B, HKV, S, D, generator=g, device=dev).to(torch.bfloat16)
         v = torch.randn(B, HKV, S, D, generator=g, device=dev).to(torch.bfloat16)
@@ -196,13 +197,7 @@ def part1(dev, args, res):
                 row = {"B": B, "S": S, "D": D, "what": "probe", **cfg, "us": r["us"], "floor_us": floor_us,
                        "rel_error": err}
                 if cfg["merge"] and not cfg["read_only"] and cfg["splits"] in (16, 33) and cfg["block_n"] == 128:
-                    stamps = []
-                    for rep in range(5):
-                        p.stamps.zero_()
-                        p(*sets[rep % len(sets)], stamp=True)
-                        torch.cuda.synchronize()
-                        stamps.append(p.stamps.view(-1, 4).tolist())
-                    row["stamps_summary"] = summarize(stamps)
+                    row["stamps_summary"] = summarize(stamped_calls(p, sets, 4))
                 rows.append(row)
             except Exception as e:
                 torch.cuda.synchronize()
@@ -212,6 +207,17 @@ def part1(dev, args, res):
         del sets, flat
         torch.cuda.empty_cache()
     res["part1"] = rows
+
+
+def stamped_calls(p, sets, width, calls=5):
+    """Per-program stamps (rows of `width` int64) of `calls` single calls of probe p, over the input sets."""
+    out = []
+    for rep in range(calls):
+        p.stamps.zero_()
+        p(*sets[rep % len(sets)], stamp=True)
+        torch.cuda.synchronize()
+        out.append(p.stamps.view(-1, width).tolist())
+    return out
 
 
 def summarize(calls):

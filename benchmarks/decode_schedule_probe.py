@@ -42,9 +42,9 @@ from taxes.cases import rel_error
 from taxes.kernels.decode_local import LOG2E, LocalDecode, attend_tile, attention_partial_f32
 from taxes.kernels.sync import globaltimer_ns
 
-from graph_timing import read_all, read_bandwidth, time_graph
+from decode_probe import HKV, HQ, log, make_sets, stamped_calls
+from graph_timing import read_bandwidth, time_graph
 
-HQ, HKV = 64, 8
 SENTINEL = tl.constexpr(0x7FBADBAD)  # a NaN no division or log produces: "not written yet"
 SCHEDS = {"static": 0, "claim": 1}
 MERGES = {"none": 0, "ticket": 1, "poll": 2}
@@ -274,19 +274,6 @@ def resident_per_sm(c, num_warps) -> int:
     return max(0, min(65536 // regs, (228 * 1024) // smem, 2048 // threads, 32))
 
 
-def make_sets(B, S, D, dev, l2):
-    kv = 2 * B * HKV * S * D * 2
-    n = max(1, math.ceil(3 * l2 / kv))
-    sets = []
-    for i in range(n):
-        g = torch.Generator(device=dev).manual_seed(91 + i)
-        q = torch.randn(B, HQ, D, generator=g, device=dev).to(torch.bfloat16)
-        k = torch.randn(B, HKV, S, D, generator=g, device=dev).to(torch.bfloat16)
-        v = torch.randn(B, HKV, S, D, generator=g, device=dev).to(torch.bfloat16)
-        sets.append((q, k, v, torch.empty(B, HQ, D, dtype=torch.bfloat16, device=dev)))
-    return sets, kv
-
-
 def summarize(calls):
     """Per call, ns from the first program's start (quantiles over programs), and how loop ends and tiles
     streamed go with the SM."""
@@ -303,10 +290,6 @@ def summarize(calls):
                     "tiles_q": q(tiles), "last_merge_minus_last_loop_ns": (merges[-1] - loops[-1]) if merges else None,
                     "slowest_sms": [r[4] for r in slowest]})
     return out
-
-
-def log(*a):
-    print(*a, flush=True)
 
 
 def main():
@@ -345,7 +328,7 @@ def main():
               (1, 8192, 64): [(16, 0, 64, 4, 4), (32, 0, 64, 4, 3)]}
     try:
         for (B, S, D), cfgs in shapes.items():
-            sets, kv = make_sets(B, S, D, dev, l2)
+            sets, kv = make_sets(B, S, D, dev, l2, seed=91)
             floor_us = (kv + 2 * B * HQ * D * 2) / (bw["read_gb_per_s"] * 1e3)
             o_ref, _ = attention_partial_f32(sets[0][0], sets[0][1], sets[0][2])
             o_ref2 = attention_partial_f32(sets[1][0], sets[1][1], sets[1][2])[0] if len(sets) > 1 else None
@@ -387,13 +370,7 @@ def main():
                             err2 = rel_error(sets[1][3], o_ref2)
                         row = {**base, "what": "probe", **cfg, "us": r["us"], "rel_error": err, "rel_error_after": err2,
                                "per_sm": fits}
-                        stamps = []
-                        for rep in range(5):
-                            p.stamps.zero_()
-                            p(*sets[rep % len(sets)], stamp=True)
-                            torch.cuda.synchronize()
-                            stamps.append(p.stamps.view(-1, 8).tolist())
-                        row["stamps_summary"] = summarize(stamps)
+                        row["stamps_summary"] = summarize(stamped_calls(p, sets, 8))
                         rows.append(row)
                     except Exception as e:
                         torch.cuda.synchronize()
