@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu_run.sh planted OUT    # one GPU: the known answers alone (validate --planted)
 #   bash benchmarks/gpu_run.sh traces OUT     # one GPU: programs nobody here wrote, run by `taxes trace`
 #                                             # (traces + plain step times, tarred into OUT/traces.tar.gz)
+#   bash benchmarks/gpu_run.sh devicebound OUT   # one GPU: the same Llama made device-bound, for the timing record's
+#                                             # device-bound known answers (traces into OUT/traces-devicebound.tar.gz)
 #   bash benchmarks/gpu_run.sh cost OUT       # one GPU: flash decode's measurement cost, 1000 iterations in 100 rounds
 #   bash benchmarks/gpu_run.sh decode OUT     # one GPU: the per-GPU decode against PyTorch's attention (18 shapes),
 #                                             # and where a B=1 decode's time goes (benchmarks/decode_probe.py)
@@ -19,7 +21,7 @@
 # project offline. Every command has its own time limit and writes its result as soon as it ends; a short
 # table comes last.
 set -u
-stages=" ${1:?stage: timeline, profiles, planted, traces, cost or decode (several: quoted, space-separated)} "
+stages=" ${1:?stage: timeline, profiles, planted, traces, devicebound, cost or decode (several: quoted, space-separated)} "
 OUT=${2:-${OUT:-gpu-out}}
 mkdir -p "$OUT"
 if ls .wheels/*.whl >/dev/null 2>&1; then
@@ -32,6 +34,14 @@ export PYTHONUNBUFFERED=1
 [ -f .taxes-provenance.json ] && export TAXES_PROVENANCE=stamp
 GPU=$(python3 -c "import torch; n=torch.cuda.get_device_name(0).upper(); print(next((k.lower() for k in ('H100','H200','A100','B200') if k in n), 'gpu'))")
 HW="$OUT/$GPU-x1-calibrated.json"
+
+run() {  # NAME SECONDS RECORD STEPS ARGS...: one `taxes trace` run into $T/NAME, its log beside it
+    local name=$1 secs=$2 record=$3 n=$4; shift 4
+    timeout "$secs" taxes trace --out "$T/$name" --record "$record" --steps "$n" --plain "$n" --block "${BLOCK:-2}" \
+        --skip 5 --format json \
+        --hardware "$HW" -- "$@" > "$T/$name.log" 2>&1
+    echo "$name: exit $? $(grep -E '^llama|^chain|traced|error' "$T/$name.log" | tr '\n' ' ')"
+}
 
 if [[ "$stages" == *" timeline "* ]]; then
     HW=reports/calibration/$GPU-x1-calibrated.json
@@ -68,13 +78,6 @@ if [[ "$stages" == *" traces "* ]]; then
     # the timing record's plain and profiled steps alternate in blocks of 2 (the host's speed moved between
     # regimes every second or two)
     T="$OUT/traces"; mkdir -p "$T"
-    run() {  # NAME SECONDS RECORD STEPS ARGS...
-        local name=$1 secs=$2 record=$3 n=$4; shift 4
-        timeout "$secs" taxes trace --out "$T/$name" --record "$record" --steps "$n" --plain "$n" --block "${BLOCK:-2}" \
-            --skip 5 --format json \
-            --hardware "$HW" -- "$@" > "$T/$name.log" 2>&1
-        echo "$name: exit $? $(grep -E '^llama|^chain|traced|error' "$T/$name.log" | tr '\n' ' ')"
-    }
     HW=reports/calibration/$GPU-x1-calibrated.json
     run llama-alternate 100 timing 80 python3 benchmarks/programs/llama.py --mode alternate --steps 170
     run llama-forward 100 timing 80 python3 benchmarks/programs/llama.py --mode forward --steps 170
@@ -85,6 +88,21 @@ if [[ "$stages" == *" traces "* ]]; then
     run llama-forward-full 90 full 40 python3 benchmarks/programs/llama.py --mode forward --steps 90  # what full costs
     tar -czf "$OUT/traces.tar.gz" -C "$OUT" traces && rm -rf "$T"
     ls -la "$OUT"
+fi
+
+if [[ "$stages" == *" devicebound "* ]]; then
+    # the same Llama made device-bound (2048 tokens, hidden 4096): its graph twin, a host spin the device's work
+    # hides, and a spin after a synchronisation that stalls the device (benchmarks/analyze_known_answers.py
+    # --set device-bound)
+    T="$OUT/traces-devicebound"; mkdir -p "$T"
+    HW=reports/calibration/$GPU-x1-calibrated.json
+    BIG="--tokens 2048 --hidden 4096"
+    run llama-big-alternate 150 timing 80 python3 benchmarks/programs/llama.py --mode alternate --steps 170 $BIG
+    run llama-big-spin 150 timing 80 python3 benchmarks/programs/llama.py --mode forward --steps 170 --spin-us 200 \
+        --spin-every 2 $BIG
+    run llama-big-sync-spin 150 timing 80 python3 benchmarks/programs/llama.py --mode forward --steps 170 --spin-us 200 \
+        --spin-every 2 --sync-spin $BIG
+    tar -czf "$OUT/traces-devicebound.tar.gz" -C "$OUT" traces-devicebound && rm -rf "$T"
 fi
 
 if [[ "$stages" == *" cost "* ]]; then

@@ -6,6 +6,9 @@
     python benchmarks/programs/llama.py --mode alternate          # eager in even steps, the graph in odd ones
     python benchmarks/programs/llama.py --mode forward --spin-us 50   # + a host spin before every decoder layer
     python benchmarks/programs/llama.py --mode forward --spin-us 200 --spin-every 2   # ... in every other step
+    python benchmarks/programs/llama.py --mode forward --spin-us 200 --sync-spin   # the device synchronised before
+                                                                                   # each spin: the spin stalls it
+    python benchmarks/programs/llama.py --mode alternate --tokens 2048 --hidden 4096   # device-bound steps
     python benchmarks/programs/llama.py --mode train              # forward, backward, AdamW step
 
 Every step ends with taxes.step() (train: optimizer.step() ends it). Prints the plain step time of the last
@@ -40,6 +43,7 @@ def main():
     ap.add_argument("--spin-us", type=float, default=0.0)
     ap.add_argument("--spin-every", type=int, default=1,
                     help="spin in step i only when i %% N == N - 1 (0-based): 2 spins in the odd steps")
+    ap.add_argument("--sync-spin", action="store_true", help="synchronise the device before each spin")
     args = ap.parse_args()
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -49,12 +53,16 @@ def main():
                       num_attention_heads=16, num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096,
                       use_cache=False)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).to(dev, dtype)
+    with torch.device(dev):  # random weights made where they run (a 1.7B-parameter model inits in seconds)
+        model = LlamaForCausalLM(cfg)
+    model = model.to(dtype)
     ids = torch.randint(0, cfg.vocab_size, (1, args.tokens), device=dev)
     spins, step_no = [], [0]
     if args.spin_us:
         def pre_hook(*a):
             if step_no[0] % args.spin_every == args.spin_every - 1:
+                if args.sync_spin and dev == "cuda":
+                    torch.cuda.synchronize()  # the device idles for the whole spin
                 spins.append(spin_us(args.spin_us))
 
         for layer in model.model.layers:
