@@ -13,7 +13,9 @@ With the full record, the plain steps come first, then the profiled ones (torch.
 With the timing record they alternate in blocks of TAXES_TRACE_BLOCK steps, plain-profiled then
 profiled-plain (ABBA): a host whose speed drifts during the run (a shared machine's did by 2x) moves both
 kinds alike, so their difference, the measurement cost, is the profiler's and not the drift's. Between
-blocks the hook waits for the device and switches CUPTI's records off or on, outside every timed step.
+blocks the hook waits for the device and switches CUPTI's records off or on, outside every timed step; it
+waits before the first profiled block too (either record), so no step of the plain block runs on the
+device unrecorded inside a profiled one.
 
 What the profiler records (TAXES_TRACE_RECORD):
 - full: CPU and CUDA activities, shapes, memory and the execution trace, so analyze can name the ops and
@@ -109,12 +111,23 @@ def step() -> None:
     if nxt == "plain" and cur != "plain":
         _mark(None)  # the block's first step starts here
     if nxt == "profiled" and cur != "profiled":
+        # the plain block's device work ends before the records start: a program that ends its step before
+        # it waits for the device (device-bound, taxes.step() before synchronize) would otherwise run it
+        # unrecorded inside the first profiled step, where it reads as idle (15 ms of a 16 ms Llama step)
+        _device_idle()
         if prof is None:
             _start_profiler()
         else:
             prof.resume()
     if nxt == "done":
         finish()
+
+
+def _device_idle() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _mark(ended) -> None:

@@ -281,11 +281,14 @@ def test_the_hook_times_plain_blocks_and_pauses_the_recorder_between_profiled_on
     monkeypatch.setattr(H, "_STATE", {})
     monkeypatch.setattr(H.atexit, "register", lambda f: None)
     monkeypatch.setattr(H, "_start_profiler", lambda: (calls.append("start"), H._STATE.update(prof=Recorder())))
+    monkeypatch.setattr(H, "_device_idle", lambda: calls.append("sync"))
     H.install()
     for _ in range(30):
         H.step()
-    # schedule(6, 6, 2): P P R R | R R P P | P P R R, after steps 0..2 (the end of step 2 is the first boundary)
-    assert calls == ["start", "step", "step", "step", "step", "pause", "resume", "step", "step", "exit"]
+    # schedule(6, 6, 2): P P R R | R R P P | P P R R, after steps 0..2 (the end of step 2 is the first boundary);
+    # the device is waited for before the records start or resume
+    assert calls == ["sync", "start", "step", "step", "step", "step", "pause", "sync", "resume", "step", "step",
+                     "exit"]
     d = json.loads((tmp_path / "plain_rank0.json").read_text())
     assert d["plain_steps"] == [3, 4, 9, 10, 11, 12] and d["profiled_steps"] == [5, 6, 7, 8, 13, 14]
     assert len(d["plain_step_us"]) == 6 and all(x > 0 for x in d["plain_step_us"])
