@@ -46,3 +46,33 @@ def test_every_committed_known_answer_is_within_its_tolerance(run):
 def test_the_recovered_taxes_follow_from_the_records_by_todays_rules(run, case, recompute):
     cases, rows = run
     assert recompute(rows) == pytest.approx(cases[case]["recovered_us"], rel=1e-6, abs=1e-6)
+
+
+def test_the_device_bound_known_answers_follow_from_their_committed_traces(tmp_path):
+    # the device-bound Llama traces of the timing record, analysed again by today's rules: the same recovered
+    # taxes as the committed document; and what that document says of them holds: the rules recover each tax
+    # of the profiled steps within 5%, the misses against plain E2E are the measurement cost
+    import subprocess
+    import sys
+    import tarfile
+
+    with tarfile.open(committed("reports/known_answer/traces-devicebound-h100.tar.gz")) as t:
+        t.extractall(tmp_path, filter="data")
+    out = tmp_path / "a.json"
+    from committed import ROOT
+
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "analyze_known_answers.py"),
+                    str(tmp_path / "traces-devicebound"), "--set", "device-bound",
+                    "--hardware", str(committed("reports/calibration/h100-x1-calibrated.json")), "-o", str(out)],
+                   check=False, capture_output=True, timeout=300)
+    now = {c["case"]: c for c in json.loads(out.read_text())["cases"]}
+    doc = json.loads(committed("reports/known_answer/analyze-devicebound-h100.json").read_text())
+    assert len(now) == len(doc["cases"]) == 3
+    for c in doc["cases"]:
+        assert now[c["case"]]["recovered_us"] == pytest.approx(c["recovered_us"], abs=0.01), c["case"]
+        assert now[c["case"]]["expected_us"] == pytest.approx(c["expected_us"], abs=0.01), c["case"]
+        prof = c["from_profiled_steps"]
+        if abs(prof["expected_us"]) > 500:  # the twin and the exposed spin; the hidden spin is about 0
+            assert abs(prof["error"]) <= 0.05, c["case"]
+        else:
+            assert abs(c["recovered_us"] - prof["expected_us"]) <= c["slack_us"], c["case"]
