@@ -146,9 +146,13 @@ def attend_tile(q, k, v, tok_ok, m_i, l_i, acc, qk_scale, DOT_F32: tl.constexpr)
 
 
 @triton.jit
-def _push_epoch(state_ptr):
-    """This call's epoch (state[0]: the last finished call; on the device, so a CUDA graph can replay)."""
-    return tl.load(state_ptr, volatile=True) + 1
+def _push_epoch(state_ptr, OUT: tl.constexpr):
+    """(epoch, inbox parity) of this call for OUT_PUSH (state[0]: the last finished call, kept on the device
+    so a CUDA graph can replay the launch); (0, 0) for the other outputs."""
+    epoch = 0
+    if OUT == 2:
+        epoch = tl.load(state_ptr, volatile=True) + 1
+    return epoch, epoch % 2
 
 
 @triton.jit
@@ -190,11 +194,7 @@ def _merge_group(o_part_ptr, lse_part_ptr, out_ptr, inbox_ptr, bases, flags_ptr,
     """The last arriver of group `grp`: merge its splits' partials, MERGE_ROWS query heads by MERGE_SPLITS
     splits at a time (one [rows, splits, D] tile per step), and write the group's rows."""
     d = tl.arange(0, D)
-    epoch = 0
-    parity = 0
-    if OUT == 2:
-        epoch = _push_epoch(state_ptr)
-        parity = epoch % 2
+    epoch, parity = _push_epoch(state_ptr, OUT)
     for g0 in tl.static_range(0, G, MERGE_ROWS):
         g = g0 + tl.arange(0, MERGE_ROWS)
         g_ok = g < G
@@ -261,11 +261,7 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr,
     if n_splits == 1:
         # the group's only split: its result is the group's, written at once (no partial, ticket or merge:
         # 1-4 us less at B=16, benchmarks/decode_schedule_probe.py)
-        epoch = 0
-        parity = 0
-        if OUT == 2:
-            epoch = _push_epoch(state_ptr)
-            parity = epoch % 2
+        epoch, parity = _push_epoch(state_ptr, OUT)
         _write_rows(acc / l_i[:, None], m_i + tl.log2(l_i), grp * G + rows, row_ok, out_ptr, inbox_ptr, bases, rank,
                     parity, R, D, OUT, WORLD)
         if OUT == 2:
