@@ -251,23 +251,31 @@ if __name__ == "__main__":
 
 
 def _start_launcher(tmp_path):
+    """The launcher script with its two ranks running: (process, rank pids). In loaded full-suite runs the
+    launcher has, rarely, ended during start-up with no output at all; a second start is allowed, with what
+    the first said (exit status, output, a fault handler's stack) kept for a failure of both."""
     script = tmp_path / "launcher.py"
     script.write_text(LAUNCHER)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd=tmp_path)
-    pids = []
-    deadline = time.monotonic() + 60
-    while len(pids) < 2 and time.monotonic() < deadline:
-        line = proc.stdout.readline()  # the ranks print their pids as soon as they run
-        m = re.match(r"rank \d pid (\d+)", line)
-        if m:
-            pids.append(int(m.group(1)))
-        elif not line:
-            break
-    if len(pids) < 2:
+    said = []
+    for _ in range(2):
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True, cwd=tmp_path,
+                                env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+        pids = []
+        deadline = time.monotonic() + 60
+        while len(pids) < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()  # the ranks print their pids as soon as they run
+            m = re.match(r"rank \d pid (\d+)", line)
+            if m:
+                pids.append(int(m.group(1)))
+            elif not line:
+                break
+        if len(pids) == 2:
+            return proc, pids
         proc.kill()
-        pytest.fail(f"the launcher did not start its ranks: {proc.communicate(timeout=10)}")
-    return proc, pids
+        out, err = proc.communicate(timeout=10)
+        said.append(f"exit {proc.returncode}, stdout {out!r}, stderr {err[-2000:]!r}")
+    pytest.fail("the launcher did not start its ranks, twice: " + " | ".join(said))
 
 
 def _finish(proc, pids, within_s):
