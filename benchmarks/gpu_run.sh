@@ -12,6 +12,7 @@
 #   bash benchmarks/gpu_run.sh devicebound OUT   # one GPU: the same Llama made device-bound, for the timing record's
 #                                             # device-bound known answers (traces into OUT/traces-devicebound.tar.gz)
 #   bash benchmarks/gpu_run.sh cost OUT       # one GPU: flash decode's measurement cost, 1000 iterations in 100 rounds
+#                                             # (COST_S=32768: at S=32K; COST_RUNS="1 2": two runs)
 #   bash benchmarks/gpu_run.sh decode OUT     # one GPU: the per-GPU decode against PyTorch's attention (18 shapes),
 #                                             # and where a B=1 decode's time goes (benchmarks/decode_probe.py)
 #   bash benchmarks/gpu_run.sh "traces cost" OUT   # several stages in one call
@@ -109,11 +110,13 @@ if [[ "$stages" == *" cost "* ]]; then
     # measuring's cost at flash decode B=1, S=128K: 1000 iterations in 100 interleaved rounds (the eager SDPA
     # variant waits 50-110 us for PyTorch's attention call before its first kernel, and that wait follows the
     # host's speed: at 400 iterations two runs estimated its cost at +3.1% and +1.0%)
+    # COST_S: the sequence length (default 131072)
     HW=reports/calibration/$GPU-x1-calibrated.json
+    S=${COST_S:-131072}
     for n in ${COST_RUNS:-1}; do
-        timeout 280 taxes profile flash-decode --gpus 1 --shape B=1,S=131072 --iters 1000 --rounds 100 --clock cupti \
-            --hardware "$HW" -o "$OUT/flash_decode-$GPU-x1-B1-S131072-$n.json" --force --timeout-s 275 --format md 2>&1 \
-            | grep -E "^\| (E2E|rows add|measurement|speed|correct)|rror|wrote"
+        timeout 280 taxes profile flash-decode --gpus 1 --shape B=1,S=$S --iters 1000 --rounds 100 --clock cupti \
+            --hardware "$HW" -o "$OUT/flash_decode-$GPU-x1-B1-S$S-iters1000-$n.json" --force --timeout-s 275 \
+            --format md 2>&1 | grep -E "^\| (E2E|rows add|measurement|speed|correct)|rror|wrote"
     done
 fi
 
