@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from taxes.cases import rel_error
-from taxes.kernels.decode_local import LOG2E, LocalDecode, _merge_group, _merge_tile, attend_tile, attention_partial_f32
+from taxes.kernels.decode_local import (LOG2E, LocalDecode, _merge_group, _merge_tile, attend_tile,
+                                        attention_partial_f32, group_query)
 from taxes.kernels.sync import globaltimer_ns
 
 from graph_timing import read_all, read_bandwidth, time_graph
@@ -52,12 +53,8 @@ def probe_decode_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, count_ptr
         grp = pid // n_splits
     if STAMP:
         tl.store(stamp_ptr + pid * 4, globaltimer_ns(False))
-    hkv = grp % Hkv
-    b = grp // Hkv
-    rows = tl.arange(0, G_PAD)
-    row_ok = rows < G
+    q, rows, row_ok = group_query(q_ptr, grp, Hq, Hkv, D, G, G_PAD)
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + ((b * Hq + hkv * G + rows) * D)[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
     kv_base = grp.to(tl.int64) * S * D
     m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((G_PAD,), tl.float32)

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from taxes.cases import rel_error
-from taxes.kernels.decode_local import LOG2E, LocalDecode, attend_tile, attention_partial_f32
+from taxes.kernels.decode_local import LOG2E, LocalDecode, attend_tile, attention_partial_f32, group_query
 from taxes.kernels.sync import globaltimer_ns
 
 from decode_probe import HKV, HQ, log, make_sets, stamped_calls
@@ -136,12 +136,8 @@ def sched_probe_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, count_ptr,
     if STAMP:
         tl.store(stamp_ptr + pid * 8, globaltimer_ns(False))
         tl.store(stamp_ptr + pid * 8 + 4, smid().to(tl.int64))
-    hkv = grp % Hkv
-    b = grp // Hkv
-    rows = tl.arange(0, G_PAD)
-    row_ok = rows < G
+    q, rows, row_ok = group_query(q_ptr, grp, Hq, Hkv, D, G, G_PAD)
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + ((b * Hq + hkv * G + rows) * D)[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
     kv_base = grp.to(tl.int64) * S * D
     set_rows = (extra + (tl.num_programs(0) - big) // base) * G * n_max  # partial rows per set: groups x G x n_max
     epoch = grp * 0

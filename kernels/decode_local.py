@@ -126,6 +126,20 @@ def resolve(config: Config, B: int, Hkv: int, S: int, D: int, sm_count: int, on_
 
 
 @triton.jit
+def group_query(q_ptr, grp, Hq: tl.constexpr, Hkv: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                G_PAD: tl.constexpr):
+    """The G query heads of group grp (= b * Hkv + hkv) as one [G_PAD, D] tile, rows past G zero: (tile, row
+    index, which rows are heads)."""
+    hkv = grp % Hkv
+    b = grp // Hkv
+    rows = tl.arange(0, G_PAD)
+    row_ok = rows < G
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + ((b * Hq + hkv * G + rows) * D)[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+    return q, rows, row_ok
+
+
+@triton.jit
 def attend_tile(q, k, v, tok_ok, m_i, l_i, acc, qk_scale, DOT_F32: tl.constexpr):
     """One tile of K and V into the online softmax of the G_PAD query rows (base 2: qk_scale includes
     log2 e): returns the new (running max, softmax sum, output sum)."""
@@ -233,13 +247,8 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr,
     pid = tl.program_id(0)
     sp = pid % n_splits
     grp = pid // n_splits  # = b * Hkv + hkv
-    hkv = grp % Hkv
-    b = grp // Hkv
-    rows = tl.arange(0, G_PAD)
-    row_ok = rows < G
+    q, rows, row_ok = group_query(q_ptr, grp, Hq, Hkv, D, G, G_PAD)
     d = tl.arange(0, D)
-    heads = hkv * G + rows
-    q = tl.load(q_ptr + ((b * Hq + heads) * D)[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
     kv_base = grp.to(tl.int64) * S * D
     m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((G_PAD,), tl.float32)
