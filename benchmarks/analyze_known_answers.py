@@ -175,6 +175,13 @@ def case(name: str, tax: str, expected: float, recovered: float, runs: dict, how
     return out
 
 
+def summed(pr: dict, rows: tuple, graph_gaps_off=None) -> dict:
+    """Per program step of a paired run: the sum of `rows` (plus graph_gaps in the steps k where
+    graph_gaps_off(k) is false: the graph steps of a graph twin)."""
+    return {k: float(r[list(rows)].sum()) + (float(r["graph_gaps"]) if graph_gaps_off and not graph_gaps_off(k)
+                                             else 0.0) for k, r in pr["rows_by_step"].iterrows()}
+
+
 IDLE_HOST = HOST_ROWS + ("queued",)  # every idle row a host stall could be put in
 
 
@@ -189,11 +196,6 @@ def device_bound(args) -> int:
     exposed = paired(args.traces / "llama-big-sync-spin", args.hardware, args.skip, args.plain, lambda i: i % 2 == 1)
     eager_on = lambda i: i % 2 == 0  # noqa: E731
     spin_on = lambda i: i % 2 == 1  # noqa: E731
-
-    def summed(pr, rows, graph_gaps_off=None):
-        """Per program step: the sum of `rows` (plus graph_gaps in the steps where graph_gaps_off(k) is false)."""
-        return {k: float(r[list(rows)].sum()) + (float(r["graph_gaps"]) if graph_gaps_off and not graph_gaps_off(k)
-                                                 else 0.0) for k, r in pr["rows_by_step"].iterrows()}
 
     def slack(pr):
         return ABS_TOLERANCE_SHARE * _iqm(pr["plain_off"] + pr["plain_on"])
@@ -282,10 +284,8 @@ def main() -> int:
 
     eager_on = lambda i: i % 2 == 0  # noqa: E731
     spin_on = lambda i: i % 2 == 1  # noqa: E731
-    lr = launch["rows_by_step"]
-    host_by_step = {k: float(r[list(HOST_ROWS)].sum()) + (0.0 if eager_on(k) else float(r["graph_gaps"]))
-                    for k, r in lr.iterrows()}
-    spin_by_step = {k: float(v) for k, v in spin["rows_by_step"]["host_bound"].items()}
+    host_by_step = summed(launch, HOST_ROWS, graph_gaps_off=eager_on)
+    spin_by_step = summed(spin, ("host_bound",))
     out = [
         case("llama forward, eager steps against CUDA-graph steps of the same model in one run", "launch",
              paired_difference(launch["plain_by_step"], eager_on), paired_difference(host_by_step, eager_on),
