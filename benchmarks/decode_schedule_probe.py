@@ -288,12 +288,82 @@ def summarize(calls):
     return out
 
 
+def stress(dev, calls, budget_s):
+    """The polling merge, call after call: every call's output poisoned and checked against its set's float32
+    reference, eagerly and from a CUDA graph over the sets; for a wrong call, which groups went wrong, the
+    groups' epochs before and after, and the sentinels left in each set of partials. The ticket merge of
+    the same configurations is the control."""
+    props = torch.cuda.get_device_properties(dev)
+    rows = []
+    t_end = time.time() + budget_s
+    # (B, S, D, splits, block_n, warps, stages): the two configurations the sweep found wrong, and two it found right
+    for (B, S, D, splits, block_n, warps, stages) in [(4, 8192, 64, 8, 128, 4, 2), (1, 32768, 128, 16, 128, 8, 3),
+                                                       (4, 8192, 64, 4, 128, 4, 3), (1, 32768, 64, 16, 128, 4, 3)]:
+        sets, _ = make_sets(B, S, D, dev, props.L2_cache_size, seed=91)
+        refs = [attention_partial_f32(s[0], s[1], s[2])[0] for s in sets]
+        G = HQ // HKV
+        for merge in ("poll", "ticket"):
+            if time.time() > t_end:
+                rows.append({"B": B, "S": S, "D": D, "splits": splits, "merge": merge, "error": "budget"})
+                continue
+            p = Probe(B, D, S, splits, block_n, warps, stages, "static", merge, dev)
+            bad = []
+
+            def check(i, how, n):
+                err = rel_error(sets[i][3], refs[i])
+                if not err <= 0.01 and len(bad) < 8:
+                    diff = (sets[i][3].float() - refs[i]).view(B * HKV, G, D)
+                    per_grp = diff.abs().nan_to_num(float("inf")).amax(dim=(1, 2)).tolist()
+                    sent = [int((h.view(torch.int32) == SENTINEL.value).sum()) for h in p.lse_part.chunk(2)]
+                    bad.append({"how": how, "call": n, "set": i, "rel_error": err,
+                                "wrong_groups": [g for g, e in enumerate(per_grp) if not e <= 0.05],
+                                "epochs": p.epochs.tolist(), "lse_sentinels_per_set": sent})
+                return err <= 0.01
+
+            n_ok = n_calls = 0
+            epochs_before = None
+            for n in range(calls):
+                i = n % len(sets)
+                sets[i][3].fill_(float("nan"))
+                epochs_before = p.epochs.tolist()
+                p(*sets[i])
+                torch.cuda.synchronize()
+                n_calls += 1
+                if check(i, "eager", n):
+                    n_ok += 1
+                elif len(bad) <= 8:
+                    bad[-1]["epochs_before"] = epochs_before
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for i in range(len(sets)):
+                    p(*sets[i])
+            g_ok = g_calls = 0
+            for rep in range(max(1, calls // len(sets))):
+                for s in sets:
+                    s[3].fill_(float("nan"))
+                g.replay()
+                torch.cuda.synchronize()
+                for i in range(len(sets)):
+                    g_calls += 1
+                    g_ok += check(i, "graph", rep)
+            del g
+            rows.append({"B": B, "S": S, "D": D, "splits": splits, "block_n": block_n, "warps": warps,
+                         "stages": stages, "merge": merge, "eager_ok": n_ok, "eager_calls": n_calls,
+                         "graph_ok": g_ok, "graph_calls": g_calls, "wrong": bad})
+            log({k: v for k, v in rows[-1].items() if k != "wrong"}, bad[:2])
+        del sets
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--budget-s", type=float, default=300)
     ap.add_argument("--claims", action="store_true", help="also every configuration with claimed tiles")
+    ap.add_argument("--stress", type=int, default=0, metavar="CALLS",
+                    help="only check the polling merge call after call (CALLS eager calls, as many graph calls)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -308,6 +378,10 @@ def main():
            "torch": torch.__version__, "triton": triton.__version__, "clocks": gpu_metadata().get("clocks"),
            "timing": "CUDA graph of calls over KV sets rotated beyond L2 (benchmarks/graph_timing.py); median "
                      "per call", "floor": "(K, V, q and out bytes) / read_gb_per_s (a 1 GiB read)"}
+    if args.stress:
+        res["stress"] = stress(dev, args.stress, args.budget_s)
+        (out / "decode_poll_stress.json").write_text(json.dumps(res, indent=1))
+        return
     bw = read_bandwidth(dev)
     res["read_gb_per_s"] = bw["read_gb_per_s"]
     rows = []
