@@ -108,10 +108,16 @@ def _merge_splits(o_ptr, lse_ptr, out_ptr, grp, ns, n_max, POLL: tl.constexpr, D
         idc = (grp * G + g)[:, None] * n_max + sc[None, :]
         ptr = o_ptr.to(tl.pointer_type(tl.int32)) + idc[:, :, None] * D + d[None, None, :]
         bits = tl.load(ptr, mask=okc[:, :, None], other=0, volatile=True)
+        lse_c = tl.load(lse_ptr.to(tl.pointer_type(tl.int32)) + idc, mask=okc, other=0, volatile=True)
         if POLL:
-            while tl.max(tl.max(tl.max(tl.where(bits == SENTINEL, 1, 0), 2), 1), 0) > 0:
+            # lse polled again in this chunk's layout: a thread that did not poll a value itself may still read
+            # the sentinel after another thread saw the payload (nothing orders their reads); reading it once
+            # unpolled made 85% of the calls wrong in two configurations
+            while (tl.max(tl.max(tl.max(tl.where(bits == SENTINEL, 1, 0), 2), 1), 0) +
+                   tl.max(tl.max(tl.where(lse_c == SENTINEL, 1, 0), 1), 0)) > 0:
                 bits = tl.load(ptr, mask=okc[:, :, None], other=0, volatile=True)
-        lse_c = tl.load(lse_ptr + idc, mask=okc, other=float("-inf"), volatile=True)
+                lse_c = tl.load(lse_ptr.to(tl.pointer_type(tl.int32)) + idc, mask=okc, other=0, volatile=True)
+        lse_c = tl.where(okc, lse_c.to(tl.float32, bitcast=True), float("-inf"))
         wc = tl.exp2(lse_c - m[:, None])
         acc += tl.sum(wc[:, :, None] * bits.to(tl.float32, bitcast=True), 1)
     o = acc / wsum[:, None]
