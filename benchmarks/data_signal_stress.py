@@ -7,7 +7,7 @@ kernel on another stream writes that partial after a delay (0 to 6 us, different
 the payload lands while the combine is polling, the case a whole-GPU run meets only now and then. Every
 call's output (poisoned before) is checked against the float32 merge of the two partials; a wrong call
 records which rows were wrong and whether they were NaN (a sentinel taken for data), and a call whose
-wait gave up is counted apart. Shapes: G = 8 query heads per KV head (Hq=64, Hkv=8) and G = 1, at D=64
+wait gave up (20 ms) is counted apart. Shapes: G = 8 query heads per KV head (Hq=64, Hkv=8) and G = 1, at D=64
 and 128, B=4.
 """
 
@@ -47,6 +47,36 @@ def late_writer(inbox_ptr, payload_ptr, delay_ns, R, parity, D: tl.constexpr, G:
     tl.store(box + D, tl.load(src + D, mask=ok), mask=ok)
 
 
+@triton.jit
+def thread_index():
+    return tl.inline_asm_elementwise("mov.u32 $0, %tid.x;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def reduce_copies_kernel(out_ptr, ROWS: tl.constexpr, COLS: tl.constexpr, THREADS: tl.constexpr):
+    """Each value of a [ROWS, COLS] int32 tile (a [COLS] vector when ROWS is 0) set to the index of the
+    thread holding it, then the tile's max: what every thread got, into out[thread]."""
+    if ROWS == 0:
+        x = tl.arange(0, COLS) * 0 + thread_index()
+        r = tl.max(x, 0)
+    else:
+        x = tl.arange(0, ROWS)[:, None] * 0 + tl.arange(0, COLS)[None, :] * 0 + thread_index()
+        r = tl.max(tl.max(x, 1), 0)
+    t = tl.arange(0, THREADS)
+    tl.store(out_ptr + t, tl.zeros([THREADS], tl.int32) + r)
+
+
+def reductions_over_copies(dev) -> list[dict]:
+    """Whether a reduction gives every thread of a 4-warp program the same result, for tiles with fewer
+    values than threads (copies) and more: the count of distinct results (1: the same everywhere)."""
+    res = []
+    for rows, cols in [(0, 8), (0, 64), (0, 512), (1, 64), (8, 8), (8, 64), (4, 128)]:
+        out = torch.full((128,), -1, dtype=torch.int32, device=dev)
+        reduce_copies_kernel[(1,)](out, ROWS=rows, COLS=cols, THREADS=128, num_warps=4)
+        res.append({"tile": [rows, cols] if rows else [cols], "distinct_results": len(set(out.tolist()))})
+    return res
+
+
 def merge_f32(p0: torch.Tensor, p1: torch.Tensor, D: int) -> torch.Tensor:
     """The merge of two packed partials (rows of o, then lse in base 2)."""
     l0, l1 = p0[:, D:].double(), p1[:, D:].double()
@@ -55,7 +85,7 @@ def merge_f32(p0: torch.Tensor, p1: torch.Tensor, D: int) -> torch.Tensor:
     return ((p0[:, :D].double() * a + p1[:, :D].double() * b) / (a + b)).float()
 
 
-def stress(B, Hkv, G, D, calls, dev, seed=0):
+def stress(B, Hkv, G, D, calls, dev, budget_s, seed=0):
     R = B * Hkv * G
     n_blocks = B * Hkv
     g = torch.Generator(device=dev).manual_seed(seed)
@@ -74,11 +104,16 @@ def stress(B, Hkv, G, D, calls, dev, seed=0):
     trace = torch.zeros(n_blocks * fd.TRACE_WORDS.value, dtype=torch.int64, device=dev)
     out = torch.empty(R, D, dtype=torch.float32, device=dev)
     writer = torch.cuda.Stream(dev)
-    budget = wait_budget(0.05, False)
+    budget = wait_budget(0.02, False)
     delays = torch.randint(0, 6000, (calls,), generator=torch.Generator().manual_seed(seed)).tolist()
-    res = {"B": B, "Hkv": Hkv, "G": G, "D": D, "calls": calls, "ok": 0, "wrong": 0, "nan_calls": 0, "timed_out": 0,
-           "examples": []}
+    rows = fd.poll_rows(G, D, fd.COMBINE_WARPS)
+    res = {"B": B, "Hkv": Hkv, "G": G, "D": D, "poll_rows": rows, "calls": 0, "ok": 0, "wrong": 0, "nan_calls": 0,
+           "timed_out": 0, "examples": []}
+    t_end = time.time() + budget_s
     for c in range(calls):
+        if time.time() > t_end:
+            break
+        res["calls"] += 1
         p0, p1, ref = sets[c % len(sets)]
         parity = (c + 1) % 2  # the combine's epoch is state[0] + 1 = c + 1
         out.fill_(float("nan"))
@@ -86,8 +121,8 @@ def stress(B, Hkv, G, D, calls, dev, seed=0):
         ready = torch.cuda.Event()
         ready.record()  # the previous call's combine (which put this slot back to the sentinel) has ended
         fd.fused_combine_kernel[(n_blocks,)](inbox, out, flags, err, state, trace, 0, R, n_blocks, budget, WORLD=2, D=D,
-                                             G=G, G_POW2=triton.next_power_of_2(G), DATA_SIGNAL=True,
-                                             SENTINEL=fd.SENTINEL_BITS, TRACE=False, INTERPRET=False, num_warps=4)
+                                             G=G, G_POW2=rows, DATA_SIGNAL=True, SENTINEL=fd.SENTINEL_BITS,
+                                             TRACE=False, INTERPRET=False, num_warps=fd.COMBINE_WARPS)
         with torch.cuda.stream(writer):
             writer.wait_event(ready)
             late_writer[(n_blocks,)](inbox, p1, delays[c], R, parity, D=D, G=G, G_POW2=triton.next_power_of_2(G))
@@ -116,6 +151,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--calls", type=int, default=3000)
+    ap.add_argument("--budget-s", type=float, default=60, help="per shape")
     args = ap.parse_args()
     dev = torch.device("cuda")
     from taxes.provenance import collect
@@ -123,15 +159,19 @@ def main():
     res = {"benchmark": "benchmarks/data_signal_stress.py", "command": " ".join(sys.argv), **collect(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(dev),
            "torch": torch.__version__, "triton": triton.__version__, "rows": []}
+    res["reductions_over_copies"] = reductions_over_copies(dev)
+    print(res["reductions_over_copies"], flush=True)
     for (G, D) in [(8, 64), (8, 128), (1, 64), (1, 128)]:
-        r = stress(4, 8, G, D, args.calls, dev)
+        t0 = time.time()
+        r = stress(4, 8, G, D, args.calls, dev, args.budget_s)
+        r["seconds"] = round(time.time() - t0, 1)
         res["rows"].append(r)
         print({k: v for k, v in r.items() if k != "examples"}, r["examples"][:2], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "data_signal_stress.json").write_text(json.dumps(res, indent=1))
     for r in res["rows"]:
-        print(f"G={r['G']} D={r['D']:>3}: {r['ok']}/{r['calls']} right, {r['wrong']} wrong ({r['nan_calls']} with NaN), "
+        print(f"G={r['G']} D={r['D']:>3} rows={r['poll_rows']}: {r['ok']}/{r['calls']} right, {r['wrong']} wrong ({r['nan_calls']} with NaN), "
               f"{r['timed_out']} timed out")
 
 
