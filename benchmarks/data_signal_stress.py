@@ -175,8 +175,8 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     (out / "data_signal_stress.json").write_text(json.dumps(res, indent=1))
     for r in res["rows"]:
-        print(f"G={r['G']} D={r['D']:>3} rows={r['poll_rows']}: {r['ok']}/{r['calls']} right, {r['wrong']} wrong ({r['nan_calls']} with NaN), "
-              f"{r['timed_out']} timed out")
+        print(f"G={r['G']} D={r['D']:>3} rows={r['poll_rows']}: {r['ok']}/{r['calls']} right, {r['wrong']} wrong "
+              f"({r['nan_calls']} with NaN), {r['timed_out']} timed out")
 
 
 if __name__ == "__main__":

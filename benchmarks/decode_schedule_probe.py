@@ -84,12 +84,15 @@ def _load_tile(k_ptr, v_ptr, kv_base, t, T, BLOCK_N: tl.constexpr, D: tl.constex
 
 @triton.jit
 def _merge_splits(o_ptr, lse_ptr, out_ptr, grp, ns, n_max, POLL: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-                  G_P2: tl.constexpr, SPL_P2: tl.constexpr, CHUNK: tl.constexpr):
+                  G_P2: tl.constexpr, SPL_P2: tl.constexpr, LSE_COLS: tl.constexpr, CHUNK: tl.constexpr):
     """Merge group grp's ns partials (rows (grp * G + g) * n_max + split) and write its output rows. POLL:
     first wait for every value by polling it (each starts as SENTINEL); else the caller's acquire made
-    them visible."""
+    them visible. A thread uses only values it polled itself, in tiles that hold no value twice: the
+    log-sum-exps as [G_P2, LSE_COLS] (padded to four values per thread) for the maximum and the sum, and
+    again spread over every D column of each chunk for the weights (kernels/flash_decode.py, poll_rows,
+    says why: copies of a value poll on their own)."""
     g = tl.arange(0, G_P2)
-    s = tl.arange(0, SPL_P2)
+    s = tl.arange(0, LSE_COLS)
     ok = (g < G)[:, None] & (s < ns)[None, :]
     idx = (grp * G + g)[:, None] * n_max + s[None, :]
     lse_bits = tl.load(lse_ptr.to(tl.pointer_type(tl.int32)) + idx, mask=ok, other=0, volatile=True)
@@ -104,22 +107,22 @@ def _merge_splits(o_ptr, lse_ptr, out_ptr, grp, ns, n_max, POLL: tl.constexpr, D
     acc = tl.zeros((G_P2, D), tl.float32)
     for s0 in tl.static_range(0, SPL_P2, CHUNK):
         sc = s0 + tl.arange(0, CHUNK)
-        okc = (g < G)[:, None] & (sc < ns)[None, :]
+        okc = ((g < G)[:, None] & (sc < ns)[None, :])[:, :, None] & (d < D)[None, None, :]
         idc = (grp * G + g)[:, None] * n_max + sc[None, :]
         ptr = o_ptr.to(tl.pointer_type(tl.int32)) + idc[:, :, None] * D + d[None, None, :]
-        bits = tl.load(ptr, mask=okc[:, :, None], other=0, volatile=True)
-        lse_c = tl.load(lse_ptr.to(tl.pointer_type(tl.int32)) + idc, mask=okc, other=0, volatile=True)
+        bits = tl.load(ptr, mask=okc, other=0, volatile=True)
         if POLL:
-            # lse polled again in this chunk's layout: a thread that did not poll a value itself may still read
-            # the sentinel after another thread saw the payload (nothing orders their reads); reading it once
-            # unpolled made 85% of the calls wrong in two configurations
-            while (tl.max(tl.max(tl.max(tl.where(bits == SENTINEL, 1, 0), 2), 1), 0) +
-                   tl.max(tl.max(tl.where(lse_c == SENTINEL, 1, 0), 1), 0)) > 0:
-                bits = tl.load(ptr, mask=okc[:, :, None], other=0, volatile=True)
-                lse_c = tl.load(lse_ptr.to(tl.pointer_type(tl.int32)) + idc, mask=okc, other=0, volatile=True)
-        lse_c = tl.where(okc, lse_c.to(tl.float32, bitcast=True), float("-inf"))
-        wc = tl.exp2(lse_c - m[:, None])
-        acc += tl.sum(wc[:, :, None] * bits.to(tl.float32, bitcast=True), 1)
+            lptr = lse_ptr.to(tl.pointer_type(tl.int32)) + idc[:, :, None] + d[None, None, :] * 0
+            lse_c = tl.load(lptr, mask=okc, other=0, volatile=True)
+            while tl.max(tl.max(tl.max(tl.where((bits == SENTINEL) | (lse_c == SENTINEL), 1, 0), 2), 1), 0) > 0:
+                bits = tl.load(ptr, mask=okc, other=0, volatile=True)
+                lse_c = tl.load(lptr, mask=okc, other=0, volatile=True)
+            wc = tl.exp2(tl.where(okc, lse_c.to(tl.float32, bitcast=True), float("-inf")) - m[:, None, None])
+        else:  # the ticket's acquire made every value visible to every thread: the [G_P2, CHUNK] weights once
+            okc2 = (g < G)[:, None] & (sc < ns)[None, :]
+            lse_c = tl.load(lse_ptr + idc, mask=okc2, other=float("-inf"), cache_modifier=".cg")
+            wc = tl.exp2(lse_c - m[:, None])[:, :, None]
+        acc += tl.sum(wc * bits.to(tl.float32, bitcast=True), 1)
     o = acc / wsum[:, None]
     row = (grp * G + g).to(tl.int64)
     tl.store(out_ptr + row[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty), mask=(g < G)[:, None])
@@ -129,7 +132,8 @@ def _merge_splits(o_ptr, lse_ptr, out_ptr, grp, ns, n_max, POLL: tl.constexpr, D
 def sched_probe_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, count_ptr, claim_ptr, epoch_ptr, out_ptr,
                        stamp_ptr, S, base, extra, n_max, qk_scale, Hq: tl.constexpr, Hkv: tl.constexpr,
                        D: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, G_P2: tl.constexpr,
-                       BLOCK_N: tl.constexpr, SPL_P2: tl.constexpr, CHUNK: tl.constexpr, SCHED: tl.constexpr,
+                       BLOCK_N: tl.constexpr, SPL_P2: tl.constexpr, LSE_COLS: tl.constexpr, CHUNK: tl.constexpr,
+                       SCHED: tl.constexpr,
                        MERGE: tl.constexpr, STAMP: tl.constexpr, LANES: tl.constexpr, DOT_F32: tl.constexpr):
     # the first `extra` groups have base + 1 splits, the others base: every program of the grid streams
     pid = tl.program_id(0)
@@ -210,7 +214,8 @@ def sched_probe_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, count_ptr,
                 tl.store(stamp_ptr + pid * 8 + 2, globaltimer_ns(False))
             if ticket % ns == ns - 1:
                 tl.debug_barrier()
-                _merge_splits(o_part_ptr, lse_part_ptr, out_ptr, grp, ns, n_max, False, D, G, G_P2, SPL_P2, CHUNK)
+                _merge_splits(o_part_ptr, lse_part_ptr, out_ptr, grp, ns, n_max, False, D, G, G_P2, SPL_P2, LSE_COLS,
+                              CHUNK)
                 if STAMP:
                     tl.store(stamp_ptr + pid * 8 + 3, globaltimer_ns(False))
         elif MERGE == 2:
@@ -218,7 +223,7 @@ def sched_probe_kernel(q_ptr, k_ptr, v_ptr, o_part_ptr, lse_part_ptr, count_ptr,
                 tl.store(stamp_ptr + pid * 8 + 2, globaltimer_ns(False))
             if sp == ns - 1:
                 _merge_splits(o_part_ptr + part * D, lse_part_ptr + part, out_ptr, grp, ns, n_max, True, D, G, G_P2,
-                              SPL_P2, CHUNK)
+                              SPL_P2, LSE_COLS, CHUNK)
                 tl.store(epoch_ptr + grp, epoch + 1)
                 if STAMP:
                     tl.store(stamp_ptr + pid * 8 + 3, globaltimer_ns(False))
@@ -250,7 +255,8 @@ class Probe:
         g_p2 = triton.next_power_of_2(self.G)
         chunk = max(1, min(spl_p2, (2048 * warps) // (g_p2 * D)))
         self.kw = dict(Hq=HQ, Hkv=HKV, D=D, G=self.G, G_PAD=16, G_P2=g_p2, BLOCK_N=block_n, SPL_P2=spl_p2,
-                       CHUNK=chunk, SCHED=SCHEDS[sched], MERGE=MERGES[merge], LANES=32 * warps,
+                       LSE_COLS=max(spl_p2, (4 * 32 * warps) // g_p2), CHUNK=chunk, SCHED=SCHEDS[sched],
+                       MERGE=MERGES[merge], LANES=32 * warps,
                        DOT_F32=dev.type != "cuda", num_warps=warps, num_stages=stages)
 
     def _args(self, q, k, v, out):
