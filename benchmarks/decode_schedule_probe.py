@@ -20,9 +20,12 @@ with per-program %globaltimer stamps (start, loop end, arrival, merge end), %smi
 group of one split writes its output itself (no merge), as decode_kernel does.
 
 What it found on one H100 (reports/flash_decode/decode_schedule_probe-h100.json, -claims-h100.json):
-claimed tiles take twice as long; polling is nowhere faster than the ticket, up to 3 us slower, and wrong
-in one configuration (B=4, S=8K, 8 splits; not chased); 132 programs are no faster than 128; without any merge B=1, S=32K, D=64 takes 25.4-25.6 us (0.85 of the floor), so the
-ticket merge's 1-2 us is what holds it under; one split per group at B=16 saves 1-4 us.
+claimed tiles take twice as long; 132 programs are 0.2-1 us slower than 128; a correct polled merge is
+slower than the ticket everywhere (0.5-1.8 us at B=16, 3-61 us at B <= 4); without any merge B=1, S=32K,
+D=64 takes 25.3-25.5 us (0.85 of the floor), so the ticket merge's 1-2 us is what holds it under; one
+split per group at B=16 saves 1-4 us. --stress checks the polled merge call after call
+(decode_poll_stress-h100.json; its first build, which let threads use values they had not polled
+themselves, gave NaN in most calls of two configurations: decode_poll_stress-h100-b7e4efc.json).
 """
 
 from __future__ import annotations

@@ -126,9 +126,10 @@ COMBINE_WARPS = 4  # fused_combine_kernel's warps
 
 def poll_rows(G: int, D: int, num_warps: int) -> int:
     """Rows of the fused combine's tile: the group's G query heads rounded up to a power of two, and more
-    (masked) where fewer would leave a thread without four values of its own to poll. A [rows, D] float32
-    tile is laid out four values per thread along D; with fewer than 4 x threads values, threads hold
-    copies, and a reduction over copies is not the same in every thread (measured on an H100)."""
+    (masked) until the tile has 4 values per thread. A smaller tile puts some values in several threads,
+    and a reduction over copies need not be the same in every thread (an 8-value vector gave 16 results in
+    a 4-warp program on an H100: benchmarks/data_signal_stress.py); tests/test_data_signal_layout.py
+    checks from the compiled kernel that no polled tile holds copies."""
     return max(triton.next_power_of_2(G), (4 * 32 * num_warps) // D, 1)
 
 
@@ -138,7 +139,7 @@ def _count_sentinels(box, row_ok, D: tl.constexpr, SENTINEL: tl.constexpr):
     Every value the caller goes on to use is one this count saw. The log-sum-exp is read into every
     column of a [rows, D] tile, not as a [rows] vector: a vector that small sits in several threads at
     once, a reduction over it counts one copy per group of threads, and a copy that still held the sentinel
-    went on into the merge as NaN (benchmarks/data_signal_stress.py: 40 of 6000 calls on one H100)."""
+    went on into the merge as NaN (benchmarks/data_signal_stress.py: 4 to 57 calls in 1000 on one H100)."""
     d = tl.arange(0, D)
     vals = tl.load(box[:, None] + d[None, :], mask=row_ok[:, None], other=0.0, volatile=True)
     lse = tl.load((box + D)[:, None] + d[None, :] * 0, mask=row_ok[:, None], other=0.0, volatile=True)
