@@ -143,8 +143,8 @@ def stress(B, Hkv, G, D, calls, dev, budget_s, seed=0):
             nan = bool(out.isnan().any())
             res["nan_calls"] += nan
             if len(res["examples"]) < 5:
-                rows = bad.any(1).nonzero().flatten().tolist()
-                res["examples"].append({"call": c, "delay_ns": delays[c], "wrong_rows": rows[:16],
+                wrong_rows = bad.any(1).nonzero().flatten().tolist()
+                res["examples"].append({"call": c, "delay_ns": delays[c], "wrong_rows": wrong_rows[:16],
                                         "wrong_values": int(bad.sum()), "nan": nan})
         else:
             res["ok"] += 1

@@ -135,8 +135,9 @@ def poll_rows(G: int, D: int, num_warps: int) -> int:
 
 @triton.jit
 def _count_sentinels(box, row_ok, D: tl.constexpr, SENTINEL: tl.constexpr):
-    """One poll of a block's rows: (values, log-sum-exps, how many values are still the sentinel).
-    Every value the caller goes on to use is one this count saw. The log-sum-exp is read into every
+    """One poll of a block's rows: (values, log-sum-exps, how many values are still the sentinel), the
+    log-sum-exp of each row in all D columns. Every value the caller goes on to use is one this count saw.
+    The log-sum-exp is read into every
     column of a [rows, D] tile, not as a [rows] vector: a vector that small sits in several threads at
     once, a reduction over it counts one copy per group of threads, and a copy that still held the sentinel
     went on into the merge as NaN (benchmarks/data_signal_stress.py: 4 to 57 calls in 1000 on one H100)."""
@@ -145,7 +146,7 @@ def _count_sentinels(box, row_ok, D: tl.constexpr, SENTINEL: tl.constexpr):
     lse = tl.load((box + D)[:, None] + d[None, :] * 0, mask=row_ok[:, None], other=0.0, volatile=True)
     pending = (vals.to(tl.int32, bitcast=True) == SENTINEL) | (lse.to(tl.int32, bitcast=True) == SENTINEL)
     n = tl.sum(tl.sum(pending.to(tl.int32), 1), 0)
-    return vals, tl.max(lse, 1), n
+    return vals, lse, n
 
 
 @triton.jit
@@ -170,7 +171,7 @@ def _wait_data(box, row_ok, err_ptr, budget, index, epoch, D: tl.constexpr, SENT
                     gave_up = 1
                 else:
                     gave_up = timed_out_elsewhere(err_ptr)
-    return vals, lse
+    return vals, tl.max(lse, 1)  # every column holds the row's value
 
 
 @triton.jit(do_not_specialize=["rank", "budget"])

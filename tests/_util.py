@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import random
 import re
 import struct
+import subprocess
+import sys
 from html.parser import HTMLParser
 
 import numpy as np
@@ -17,6 +20,21 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def assert_one_line(message: str) -> None:
     assert message, "empty error message"
     assert "\n" not in message and "\r" not in message, f"error message is not one line: {message!r}"
+
+
+def compiled_for_hopper(script: str, *args) -> str:
+    """What `script` writes when run in a child process without TRITON_INTERPRET (the tests run under the
+    interpreter, whose kernels cannot be compiled): a kernel compiled for sm_90, or a line starting
+    "CANNOT" when this Triton build has no CUDA toolchain, which skips the calling test."""
+    import pytest
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    if out.stdout.startswith("CANNOT"):  # no CUDA toolchain in this Triton build: nothing to check here
+        pytest.skip(out.stdout.strip())
+    return out.stdout
 
 
 def png_header_size(data: bytes) -> tuple[int, int]:

@@ -4,12 +4,10 @@ copy that still held the sentinel went on into the merge as NaN (benchmarks/data
 H100: 4 to 57 calls in 1000 before, none in 3000 after; kernels/flash_decode.py, poll_rows)."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
+from _util import compiled_for_hopper
 
 from taxes.kernels.flash_decode import COMBINE_WARPS, poll_rows
 
@@ -41,13 +39,7 @@ VOLATILE_LOAD = re.compile(r"tt\.load [^\n]*\{isVolatile = true\} : tensor<([\dx
 
 
 def _ttgir(G: int, D: int, rows: int, warps: int = COMBINE_WARPS) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", COMPILE, str(G), str(D), str(rows), str(warps)], env=env,
-                         capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-2000:]
-    if out.stdout.startswith("CANNOT"):  # no CUDA toolchain in this Triton build: nothing to check here
-        pytest.skip(out.stdout.strip())
-    return out.stdout
+    return compiled_for_hopper(COMPILE, G, D, rows, warps)
 
 
 def polled_tiles_with_copies(ttgir: str) -> tuple[int, list[str]]:

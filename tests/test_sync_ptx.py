@@ -2,12 +2,10 @@
 the whole CTA (kernels/sync.py says why). A per-thread clock read or a per-thread volatile load of the
 error word, followed by a branch, hung an 8-warp kernel on the GPU when a peer stayed silent."""
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
+from _util import compiled_for_hopper
 
 # Compiled in a child process: the tests run under TRITON_INTERPRET, whose kernels cannot be compiled.
 COMPILE = """
@@ -28,13 +26,7 @@ sys.stdout.write(k.asm["ptx"])
 
 
 def _wait_kernel_ptx(num_warps: int) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", COMPILE, str(num_warps)], env=env, capture_output=True, text=True,
-                         timeout=240)
-    assert out.returncode == 0, out.stderr[-2000:]
-    if out.stdout.startswith("CANNOT"):  # no CUDA toolchain in this Triton build: nothing to check here
-        pytest.skip(out.stdout.strip())
-    return out.stdout
+    return compiled_for_hopper(COMPILE, num_warps)
 
 
 @pytest.mark.parametrize("num_warps", [1, 4, 8])
