@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ import triton
 import triton.language as tl
 
 from taxes.kernels import flash_decode as fd
+from taxes.kernels.decode_local import merge_partials_f32
 from taxes.kernels.sync import ERR_WORDS, globaltimer_ns, wait_budget
 
 
@@ -77,14 +79,6 @@ def reductions_over_copies(dev) -> list[dict]:
     return res
 
 
-def merge_f32(p0: torch.Tensor, p1: torch.Tensor, D: int) -> torch.Tensor:
-    """The merge of two packed partials (rows of o, then lse in base 2)."""
-    l0, l1 = p0[:, D:].double(), p1[:, D:].double()
-    m = torch.maximum(l0, l1)
-    a, b = torch.exp2(l0 - m), torch.exp2(l1 - m)
-    return ((p0[:, :D].double() * a + p1[:, :D].double() * b) / (a + b)).float()
-
-
 def stress(B, Hkv, G, D, calls, dev, budget_s, seed=0):
     R = B * Hkv * G
     n_blocks = B * Hkv
@@ -95,7 +89,9 @@ def stress(B, Hkv, G, D, calls, dev, budget_s, seed=0):
         p1 = torch.randn(R, D + 1, generator=g, device=dev)
         p0[:, D] *= 3  # log-sum-exps spread, so both partials weigh
         p1[:, D] *= 3
-        sets.append((p0, p1, merge_f32(p0, p1, D)))
+        # the float32 merge of the two packed partials (log-sum-exps in base 2, the helper's in base e)
+        ref = merge_partials_f32(torch.stack([p0[:, :D], p1[:, :D]]), torch.stack([p0[:, D], p1[:, D]]) * math.log(2))
+        sets.append((p0, p1, ref))
     inbox = torch.empty(2, 2, R, D + 1, dtype=torch.float32, device=dev)
     inbox.view(torch.int32).fill_(fd.SENTINEL_BITS)
     flags = torch.zeros(2 * n_blocks, dtype=torch.int32, device=dev)
