@@ -37,7 +37,8 @@ def _check_options(gpus, output, timeout_s, name, base_name):
                    "with 1 they are kept from the base profile and marked so.")
 @click.option("--base", "base_name", default=None,
               help="Profile whose figures are kept where nothing is measured (default: by GPU name, else h200-sxm).")
-@click.option("--name", default=None, help="Name of the new profile (default: BASE-calibrated).")
+@click.option("--name", default=None, help="Name of the new profile (default: KIND-xWORLD-calibrated, e.g. "
+              "h100-x2-calibrated: what profile and validate load on such a machine).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Write the profile JSON here (default: NAME.json in the saved-profile directory, loadable by name).")
 @click.option("--quick", is_flag=True, help="Fewer sizes and repetitions: under a minute.")
@@ -64,7 +65,9 @@ def calibrate(gpus, base_name, name, output, quick, peaks, timeout_s):
         raise TaxesError(f"--gpus {world}: this machine has {count} CUDA GPU{'s' if count != 1 else ''}")
     names = cal.cuda_gpu_names(world)
     base = base or cal.base_for_gpu(names[0])
-    name = name or f"{base.name}-calibrated"
+    from taxes.hardware import calibrated_name
+
+    name = name or calibrated_name(names[0], world)  # KIND-xWORLD-calibrated: what profile and validate look for
     cal.check_profile_name(name)
 
     _say(f"taxes calibrate on {cal.gpu_summary(names)}{' (quick)' if quick else ''}, base {base.name}: "

@@ -169,8 +169,9 @@ def _complete_workload(ctx, param, incomplete):
 @click.option("--warmup", type=int, default=5, show_default=True)
 @click.option("--rounds", type=int, default=5, show_default=True,
               help="time the variants interleaved, in this many blocks of iterations each (1: one after another)")
-@click.option("--hardware", "hardware_name", default="h200-sxm", show_default=True,
-              help="profile for the floor and the model: a built-in, a saved calibration, or a JSON path")
+@click.option("--hardware", "hardware_name", default=None,
+              help="profile for the floor and the model: a built-in, a saved calibration, or a JSON path "
+                   "(default: the calibration saved for this GPU kind and world, else the built-in for the GPU)")
 @click.option("--emulate", is_flag=True, help="CPU: run the kernels under Triton's interpreter (logic only)")
 @click.option("--clock", type=click.Choice(["auto", "cupti", "torch.profiler", "both"]), default="auto", show_default=True,
               help="per-kernel clock of the instrumented iterations: cupti-python, torch.profiler, or both (the "
@@ -201,10 +202,12 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, 
         if p["git_dirty"] is not False or not p["git_commit"]:
             raise TaxesError("profile --strict: " + ("the checkout has uncommitted changes; commit them first"
                                                      if p["git_dirty"] else "the code's commit is unknown"))
-    hw = get_profile(hardware_name)
+    if hardware_name:
+        get_profile(hardware_name)  # a bad name fails before anything runs
     config = parse_config(config_text)
     if not emulate:
         gpus = _preflight(gpus, emulate)
+    hw = run_hardware(hardware_name, emulate, gpus, "profile")
     chosen = [v for v in variants.split(",") if v] or None
     job = plan(workload, list(shapes) or None, gpus, chosen, dtype, iters, warmup, emulate, wait_s, True, config,
                rounds, clock)  # every input checked before anything runs
@@ -370,13 +373,26 @@ def _mape_per_calibration(from_docs, directory: str) -> list[dict]:
 
 
 def gpu_kind(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'h100': the name of a GPU kind in file names."""
-    import re
+    from taxes.hardware import gpu_kind as kind
 
-    for kind in ("H100", "H200", "H800", "H20", "A100", "B200", "B100", "GB200", "MI300X", "MI325X", "L40S"):
-        if kind in name.upper().replace(" ", ""):
-            return kind.lower()
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:32] or "gpu"
+    return kind(name)
+
+
+def run_hardware(given: str | None, emulate: bool, world: int, command: str):
+    """The hardware profile of a run: named (--hardware), else the one that describes this machine's GPUs
+    (taxes.hardware.machine_profile); says which on stderr, and warns when a named one describes another GPU."""
+    from taxes.console import say
+    from taxes.hardware import get_profile, machine_profile
+
+    if emulate:
+        hw = get_profile(given or "h200-sxm")
+        return hw
+    hw, why, warn = machine_profile(_gpu_name(), world, given)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone speaks
+        say(f"taxes {command}: hardware profile {hw.name} ({why})")
+        if warn:
+            say(f"taxes {command}: warning: {warn}")
+    return hw
 
 
 def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | None, timeout_s: float,
@@ -385,12 +401,17 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
     import json
 
     from taxes.kernels.runtime import launch
-    from taxes.planted import known_answers, rank_cases
+    from taxes.planted import known_answers, planted_heap_bytes, rank_cases
     from taxes.results import collect_metadata, write_atomic
 
     world = _preflight(gpus, emulate)
-    opts = {"clock": _clock_name(clock, emulate), "iters": iters, "warmup": 3}
-    results = launch(rank_cases, world, opts, backend="emulated" if emulate else "cuda", timeout_s=timeout_s)
+    opts = {"clock": _clock_name(clock, emulate), "iters": iters, "warmup": 3, "late_iters": 2 * iters}
+    if emulate:
+        from taxes.planted import EMULATED_LATE_US, EMULATED_RUNNERS
+
+        opts.update(late_us=EMULATED_LATE_US, runners=EMULATED_RUNNERS)
+    results = launch(rank_cases, world, opts, backend="emulated" if emulate else "cuda", timeout_s=timeout_s,
+                     heap_bytes=planted_heap_bytes(world, emulate))
     if not results or results[0] is None:
         return [], ""
     rows = known_answers(results)
@@ -404,8 +425,8 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
 
         from taxes.instrument import raw_to_columns
 
-        recs = {k: [raw_to_columns(r[k]["raw"]) for r in results] for k in results[0] if isinstance(results[0][k], dict)
-                and "raw" in results[0][k]}
+        recs = {k: [raw_to_columns(r[k]["raw"]) | {"plain_us": list(r[k]["plain"])} for r in results]
+                for k in results[0] if isinstance(results[0][k], dict) and "raw" in results[0][k]}
         write_atomic(records, gzip.compress(json.dumps(recs).encode(), mtime=0))
     return rows, path
 
@@ -429,7 +450,8 @@ def _gpu_name() -> str:
 @click.command("validate")
 @click.option("--workloads", default="ag-gemm,flash-decode", show_default=True)
 @click.option("--gpus", type=int, default=2, show_default=True)
-@click.option("--hardware", "hardware_name", default="h200-sxm", show_default=True)
+@click.option("--hardware", "hardware_name", default=None,
+              help="default: with --from, the profile each document names; else as in profile")
 @click.option("--iters", type=int, default=20, show_default=True)
 @click.option("--emulate", is_flag=True)
 @click.option("--from", "from_docs", multiple=True, help="validate existing result documents instead of running")
@@ -478,12 +500,14 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
     from taxes.hardware import get_profile
     from taxes.results import load
 
-    hw = get_profile(hardware_name)
+    if from_docs:
+        hw = get_profile(hardware_name or _named_profile(from_docs))
     docs = [reattribute(load(p), hw) for p in from_docs]  # the same measurements, floors from this profile
     if not docs:
         from taxes.profiling import profile
 
         world = _preflight(gpus, emulate)
+        hw = run_hardware(hardware_name, emulate, world, "validate")
         for wl in [w for w in workloads.split(",") if w]:
             if wl not in VALIDATE_GRID:
                 raise TaxesError(f"validate: no grid for workload {_shown(wl)!r} (have {', '.join(VALIDATE_GRID)})")
@@ -517,6 +541,19 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
         except OSError as e:
             raise write_error(path, e) from None
         announce_written(path)
+
+
+def _named_profile(paths) -> str:
+    """The hardware profile the first document names, when it loads here; else h200-sxm."""
+    from taxes.hardware import get_profile
+    from taxes.results import load
+
+    try:
+        name = load(paths[0])["metadata"].get("hardware_profile")
+        get_profile(name)
+        return name
+    except Exception:
+        return "h200-sxm"
 
 
 EMULATE_GRID = {"ag-gemm": ["M=64,N=64,K=32"], "flash-decode": ["B=1,Hq=8,Hkv=2,D=64,S=256"]}

@@ -58,12 +58,12 @@ from taxes.floor import Floor
 from taxes.timeline import Timeline, covered, gaps, measure, merge, union
 
 IDLE_ROWS = ("launch", "host_bound", "sync", "compile", "data_loading", "graph_gaps", "queued")
-ROWS = ("ideal", "compute") + IDLE_ROWS + ("sync_wait", "exposed_transfer", "locality", "inefficiency",
+ROWS = ("ideal", "compute") + IDLE_ROWS + ("start_skew", "sync_wait", "exposed_transfer", "locality", "inefficiency",
                                            "unattributed")
 LABELS = {"ideal": "derived", "compute": "derived", "launch": "measured", "host_bound": "measured",
           "sync": "measured", "compile": "measured", "data_loading": "measured", "graph_gaps": "measured",
-          "queued": "measured", "sync_wait": "measured", "exposed_transfer": "derived", "locality": "derived",
-          "inefficiency": "derived", "unattributed": "derived"}
+          "queued": "measured", "start_skew": "derived", "sync_wait": "measured", "exposed_transfer": "derived",
+          "locality": "derived", "inefficiency": "derived", "unattributed": "derived"}
 TAXES = {"bulk-synchronous": ("sync_wait", "exposed_transfer"), "data-locality": ("locality",),
          "kernel-launch": ("launch",)}
 _CAUSE_ROW = {"graph": "graph_gaps", "unknown": "unattributed", "sync": "sync", "compile": "compile",
@@ -83,17 +83,29 @@ class Attribution:
 
 
 def attribute(timelines: list[Timeline], floor: Floor | None = None, locality_bytes: float | dict | None = None,
-              us_per_byte: float | None = None, launch_latency_us: float | None = None, jobs: int = 1) -> Attribution:
+              us_per_byte: float | None = None, launch_latency_us: float | None = None, jobs: int = 1,
+              aligned_starts: bool = False) -> Attribution:
     """Every window of every rank -> rows. floor: the step's floor (None: no ideal or inefficiency rows);
     locality_bytes: intermediate bytes per step (a number, {step: bytes} or {(rank, step): bytes});
     us_per_byte: HBM time per byte; launch_latency_us: overrides the latency estimated from each timeline;
-    jobs: worker processes for the ranks (after the collectives are matched, each rank is independent)."""
-    coll = match_collectives(timelines)
+    jobs: worker processes for the ranks (after the collectives are matched, each rank is independent);
+    aligned_starts: the windows of one step are one iteration that every rank began together after a host
+    barrier (taxes profile's isolated iterations): the wait that the ranks' own start skew explains is its
+    row, `start_skew`, not sync wait. Ranks whose timelines say their clocks are not aligned
+    (meta["clock_aligned"] False) are not matched at collectives: their sync wait is not measured."""
     notes = []
+    if len(timelines) > 1 and not all(tl.meta.get("clock_aligned", True) for tl in timelines):
+        coll = match_collectives([])
+        notes.append("the ranks' clocks are not aligned (records without a shared origin): sync wait and start "
+                     "skew not measured")
+        aligned_starts = False
+    else:
+        coll = match_collectives(timelines)
+    skews = start_skews(timelines) if aligned_starts and len(timelines) > 1 else {}
     args = []
     for tl in timelines:
         waits = coll[coll["rank"] == tl.rank].set_index("activity")["wait_us"] if not coll.empty else pd.Series(dtype=float)
-        args.append((tl, waits, floor, locality_bytes, us_per_byte, launch_latency_us))
+        args.append((tl, waits, floor, locality_bytes, us_per_byte, launch_latency_us, skews.get(tl.rank, {})))
     if jobs > 1 and len(timelines) > 1:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -149,10 +161,22 @@ def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0) -> p
     return df[cols]
 
 
+def start_skews(timelines: list[Timeline]) -> dict:
+    """{rank: {step: us}}: how much later than this rank the last rank began the step (the latest window
+    start of the step, over the ranks that have it, minus this rank's). Windows of profiled iterations
+    start at each rank's start event, recorded as soon as the rank left the host barrier."""
+    parts = [tl.windows[["step", "start_us"]].assign(rank=tl.rank) for tl in timelines if len(tl.windows)]
+    if not parts:
+        return {}
+    w = pd.concat(parts, ignore_index=True)
+    w["skew"] = w.groupby("step")["start_us"].transform("max") - w["start_us"]
+    return {int(r): dict(zip(g["step"], g["skew"].astype(float))) for r, g in w.groupby("rank")}
+
+
 # ---- one rank -------------------------------------------------------------------------------------
 
 
-def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_per_byte, latency, notes):
+def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_per_byte, latency, skew: dict, notes):
     acts = tl.activities
     lat = launch_latency(tl) if latency is None else latency
     launch = _launch_of(tl)
@@ -193,6 +217,9 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         unhide_kernel = min(unhide - unhide_comm, in_kernel_wait)
         r = {k: 0.0 for k in ROWS}
         r["sync_wait"] = sync_coll + in_kernel_wait - unhide_kernel
+        # the part of that wait the harness made: the other ranks began the iteration this much later
+        r["start_skew"] = min(max(0.0, float(skew.get(w.step, 0.0))), max(0.0, r["sync_wait"]))
+        r["sync_wait"] -= r["start_skew"]
         r["exposed_transfer"] = exposed - sync_coll - unhide_comm
         loc_b = _locality_bytes_of(locality_bytes, tl.rank, w.step)
         r["locality"] = loc_b * us_per_byte if us_per_byte else 0.0

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from taxes.timeline import HostStamps, api_kind, api_name
+from taxes.timeline import HostStamps, api_kind, api_name, shared_clock_offset_ns
 
 _STATE: dict = {}  # the process's one registration with CUPTI
 UNKNOWN = (1 << 64) - 1  # CUPTI_TIMESTAMP_UNKNOWN: a latency timestamp it could not take
@@ -57,6 +57,8 @@ class Recorder(HostStamps):
         self.api = api
         self._c = cupti
         self.origin_ns = int(cupti.get_timestamp())
+        # where that origin lies on the host's shared clock: every rank's records line up on it
+        self.shared_origin_us = (self.origin_ns + shared_clock_offset_ns(cupti.get_timestamp)) / 1e3
         self._acts: list = []
         self._calls: list = []
         self._kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET,

@@ -22,7 +22,7 @@ import math
 from taxes import attribute as att
 from taxes.floor import floor_of, kernel_floor_us
 from taxes.hardware import HardwareProfile
-from taxes.instrument import assemble, raw_from_columns, raw_to_columns
+from taxes.instrument import assemble_ranks, phase_order, raw_from_columns, raw_to_columns
 from taxes.results import TIMED_PLAIN
 from taxes.timeline import Timeline
 from taxes.variants import get, lookup
@@ -84,30 +84,20 @@ def case_document(results: list[dict], workload: str, world: int, dtype: str, hw
             v = get(workload, name)
             twin = eager_order.get(v.eager_twin) if v.graphed else None
             comm = tuple(v0.get("comm_phases", ()))
-            tls = {clock: [assemble(r, raw, graph_phases=twin, comm_phases=comm) for r, raw in enumerate(rs)]
-                   for clock, rs in raws.items()}
+            tls = {clock: assemble_ranks(rs, twin, comm) for clock, rs in raws.items()}
             entry.update(attribute_variant(w, name, tls, samples, hw, v0.get("facts", {})))
             chosen = entry["attribution"]["clock"]
             if v0.get("clock_errors"):
                 entry["attribution"]["clock_errors"] = v0["clock_errors"]
             entry["records"] = {"clock": chosen, "comm_phases": list(comm), "graph_phases": [list(x) for x in twin or []],
                                 "ranks": [raw_to_columns(raw) for raw in raws[chosen]]}
-            eager_order[name] = _phase_order(tls[chosen][0])
+            eager_order[name] = phase_order(tls[chosen][0])
         _predict_into(entry, w, hw)
         by_index[j] = entry
     entries = [by_index[j] for j in range(len(results[0]["variants"]))]
     case = case_entry(w, entries)
     case["extra"] = dict(results[0]["extra"]) | {"ladder": ladder(case)}
     return case
-
-
-def _phase_order(tl: Timeline) -> list:
-    """[(activity name, phase)] of the first window, in start order: a graph twin's kernels are named so."""
-    if tl.windows.empty:
-        return []
-    first = tl.windows["step"].iloc[0]
-    a = tl.activities[tl.activities["step"] == first].sort_values("start_us")
-    return list(zip(a["name"], a["phase"]))
 
 
 def phase_floors(w, variant: str, hw: HardwareProfile, splits: int | None = None) -> dict[str, float]:
@@ -144,7 +134,8 @@ def attribute_variant(w, variant: str, tls_by_clock: dict, samples: list, hw: Ha
     for clock, tls in tls_by_clock.items():
         for tl in tls:
             apply_floors(tl, floors)
-        a = att.attribute(tls, floor=floor, locality_bytes=loc_bytes, us_per_byte=1.0 / hw.hbm_bytes_per_us())
+        a = att.attribute(tls, floor=floor, locality_bytes=loc_bytes, us_per_byte=1.0 / hw.hbm_bytes_per_us(),
+                          aligned_starts=True)
         s = att.summarize(a.rows)
         results[clock] = (a, s, tls)
     costs = {clock: (s["e2e_us"] - plain) if (s["e2e_us"] is not None and plain) else None
@@ -286,8 +277,7 @@ def reattribute(doc: dict, hw: HardwareProfile) -> dict:
             rec = entry.get("records")
             if rec:
                 twin = [tuple(x) for x in rec.get("graph_phases") or []] or None
-                tls = [assemble(r, raw_from_columns(d), graph_phases=twin, comm_phases=tuple(rec.get("comm_phases", ())))
-                       for r, d in enumerate(rec["ranks"])]
+                tls = assemble_ranks([raw_from_columns(d) for d in rec["ranks"]], twin, tuple(rec.get("comm_phases", ())))
                 facts = {"splits": (entry.get("attribution") or {}).get("splits")}
                 entry.update(attribute_variant(w, entry["variant"], {rec["clock"]: tls}, entry["samples_us"], hw, facts))
             _predict_into(entry, w, hw)

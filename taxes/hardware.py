@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from taxes.errors import TaxesError
@@ -244,6 +244,57 @@ def profile_for_gpu(gpu_name: str) -> str | None:
         if re.search(pattern, gpu_name or ""):
             return name
     return None
+def gpu_kind(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100': the name of a GPU kind in file and profile names."""
+    import re
+
+    for kind in ("H100", "H200", "H800", "H20", "A100", "B200", "B100", "GB200", "MI300X", "MI325X", "L40S"):
+        if kind in (name or "").upper().replace(" ", ""):
+            return kind.lower()
+    return re.sub(r"[^a-z0-9]+", "-", (name or "").lower()).strip("-")[:32] or "gpu"
+
+
+def calibrated_name(gpu_name: str, world: int) -> str:
+    """The name a calibration of `world` GPUs named gpu_name is saved and loaded under: KIND-xWORLD-calibrated."""
+    return f"{gpu_kind(gpu_name)}-x{world}-calibrated"
+
+
+def profile_kind(profile: "HardwareProfile") -> str | None:
+    """The GPU kind a profile describes (h100, h200, ...), from its name or description; None when unknown."""
+    import re
+
+    for text in (profile.name, profile.description):
+        m = re.match(r"(?:nvidia |amd )?([a-z]+\d+[a-z]*)", (text or "").lower())
+        if m and gpu_kind(m.group(1)) == m.group(1):
+            return m.group(1)
+    return None
+
+
+def machine_profile(gpu_name: str | None, world: int, given: str | None = None) -> tuple["HardwareProfile", str, str | None]:
+    """The hardware profile for a run on `world` GPUs named gpu_name: `given` when the user named one (a
+    warning when it describes another GPU), else a calibration saved for this GPU kind and world
+    (calibrated_name), else the built-in profile for the GPU's name, else h200-sxm with a warning.
+    Returns (profile, why it was chosen, warning or None); the profile's name loads it again."""
+    kind = gpu_kind(gpu_name) if gpu_name else None
+    if given:
+        hw = get_profile(given)
+        pk = profile_kind(hw)
+        warn = None
+        if kind and pk and pk != kind:
+            warn = f"hardware profile {hw.name} describes {pk.upper()}, but this machine's GPU is {gpu_name}"
+        return hw, "given (--hardware)", warn
+    if not gpu_name:
+        return BUILTIN["h200-sxm"], "no GPU: the default h200-sxm", None
+    cal = calibrated_name(gpu_name, world)
+    if cal in saved_profiles():
+        return get_profile(cal), f"calibrated for {world} x {kind.upper()} ({cal})", None
+    builtin = profile_for_gpu(gpu_name)
+    if builtin:
+        return BUILTIN[builtin], f"built-in for {gpu_name} (no {cal} saved)", None
+    return BUILTIN["h200-sxm"], "unknown GPU: the default h200-sxm", \
+        f"no profile describes {gpu_name}: priced as h200-sxm; calibrate one with `taxes calibrate`"
+
+
 _NUMBER_FIELDS = [f.name for f in fields(HardwareProfile) if f.type in ("float", "int")]
 _FRACTIONS = [n for n in _NUMBER_FIELDS if n.endswith("_efficiency")]
 
@@ -412,8 +463,8 @@ def get_profile(name_or_path: str) -> HardwareProfile:
     if name_or_path in BUILTIN:
         return BUILTIN[name_or_path]
     saved = saved_profiles()
-    if name_or_path in saved:
-        return load_profile_file(saved[name_or_path])
+    if name_or_path in saved:  # named as it was loaded, so a document that names it loads it again
+        return replace(load_profile_file(saved[name_or_path]), name=name_or_path)
     if name_or_path.endswith(".json") or os.path.sep in name_or_path:
         return load_profile_file(name_or_path)
     known = ", ".join([*BUILTIN, *saved])

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from taxes.timeline import HostStamps, Timeline, timeline
+from taxes.timeline import HostStamps, Timeline, shared_clock_offset_ns, timeline
 
 CLOCKS = ("cupti", "torch.profiler")
 
@@ -35,6 +35,7 @@ class HostRecorder(HostStamps):
         super().__init__()
         self.t0 = time.perf_counter_ns()
         self.now_raw = time.perf_counter_ns
+        self.shared_origin_us = (self.t0 + shared_clock_offset_ns(time.perf_counter_ns)) / 1e3
 
     def to_us(self, raw: int) -> float:
         return (raw - self.t0) / 1e3
@@ -57,6 +58,7 @@ class ProfilerRecorder:
     to_timeline. Our steps and calls are record_function ranges (taxes:step:N, taxes:call:NAME)."""
 
     name = "torch.profiler"
+    shared_origin_us: float | None = None
 
     def start(self) -> "ProfilerRecorder":
         from torch.profiler import ProfilerActivity, profile
@@ -85,7 +87,12 @@ class ProfilerRecorder:
             self._prof.export_chrome_trace(str(path))
             from taxes.kineto import load_trace, to_timeline
 
-            tl = to_timeline(load_trace(path), 0)
+            events = load_trace(path)
+            tl = to_timeline(events, 0)
+        info = events.attrs.get("trace", {})
+        absolute_ns = (info.get("base_ns") or 0) + (info.get("origin_us") or 0) * 1000
+        # the trace's times are us from an absolute origin on the host's wall clock: that origin on the shared clock
+        self.shared_origin_us = ((absolute_ns + shared_clock_offset_ns(time.time_ns)) / 1e3) if absolute_ns else None
         return tl.activities, tl.launches, tl.host
 
 
@@ -117,9 +124,9 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
         start_ev.record()
         end_ev.record()
         end_ev.synchronize()
-    def capture():
+    def capture():  # host steps (a planted spin) launch nothing: they run before each replay instead
         for k, inputs in enumerate(input_sets):
-            graphs[k] = _capture(runner.phases(*inputs, traced=fused))
+            graphs[k] = _capture([s for s in runner.phases(*inputs, traced=fused) if s[1] != "host"])
 
     if graph and on_gpu and not capture_after_start:  # a capture's launches run nothing: no records of them
         capture()
@@ -138,6 +145,8 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
                 rec.api_off()
             k = i % len(input_sets)
             steps = None if (graph and on_gpu) else runner.phases(*input_sets[k], traced=fused)
+            host_first = [f for _, role, f in runner.phases(*input_sets[k], traced=fused) if role == "host"] \
+                if steps is None else []
             if on_gpu:
                 torch.cuda.synchronize()
             ctx.barrier()
@@ -146,6 +155,8 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
                 if on_gpu:
                     start_ev.record()
                 if steps is None:
+                    for thunk in host_first:
+                        thunk()
                     a = now()
                     graphs[k].replay()
                     stamps.append(("call", "graph replay", a, now()))
@@ -165,6 +176,8 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
                     if on_gpu:
                         start_ev.record()
                     if steps is None:
+                        for thunk in host_first:
+                            thunk()
                         with rec.call("graph replay"):
                             graphs[k].replay()
                     else:
@@ -185,7 +198,8 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
             iterations.append({"step": i, "e2e_us": e2e, "waits": waits or {}, "warmup": i < warmup})
     finally:
         acts, launches, host = rec.stop()
-    return {"activities": acts, "launches": launches, "host": host, "iterations": iterations, "clock": rec.name}
+    return {"activities": acts, "launches": launches, "host": host, "iterations": iterations, "clock": rec.name,
+            "shared_origin_us": getattr(rec, "shared_origin_us", None)}
 
 
 def _capture(steps: list):
@@ -368,6 +382,60 @@ def _phases_by_occurrence(acts: pd.DataFrame, eager: list) -> None:
                 acts.at[i, "phase"] = phases[k]
 
 
+# ---- one clock for every rank --------------------------------------------------------------------
+
+
+def shifted(raw: dict, dt: float, dc: int = 0) -> dict:
+    """A raw record with its times moved by dt us (its shared origin moved back by as much, so it still
+    says where its time 0 lies) and its correlation ids by dc (ids restart per recorder)."""
+    out = dict(raw)
+    for key in ("activities", "launches", "host"):
+        f = raw[key].copy()
+        if not f.empty:
+            f["start_us"] = f["start_us"] + dt
+            f["end_us"] = f["end_us"] + dt
+            for c in ("correlation", "graph"):
+                if c in f:
+                    f[c] = f[c].where(f[c] < 0, f[c] + dc)
+        out[key] = f
+    if raw.get("shared_origin_us") is not None:
+        out["shared_origin_us"] = raw["shared_origin_us"] - dt
+    return out
+
+
+def on_one_clock(raws: list[dict]) -> tuple[list[dict], bool]:
+    """Every rank's raw records with their times on one clock: each recorder counts from its own origin,
+    which it placed on the host's shared clock when it started (taxes.timeline.shared_clock_offset_ns); the
+    records are moved so every rank counts from the earliest origin. Returns (records, aligned): records
+    without a known origin (older documents) are left as they are, and `aligned` is False, when there are
+    several ranks: their arrivals cannot be compared, and sync wait is not measured."""
+    origins = [r.get("shared_origin_us") for r in raws]
+    if any(o is None for o in origins):
+        return list(raws), len(raws) <= 1
+    first = min(origins)
+    return [shifted(r, o - first) if o != first else r for r, o in zip(raws, origins)], True
+
+
+def assemble_ranks(raws: list[dict], graph_phases: list | None = None, comm_phases: tuple = ()) -> list[Timeline]:
+    """Every rank's raw records of one variant -> Timelines in rank order, on one clock (on_one_clock);
+    each says in meta["clock_aligned"] whether its times can be compared with the other ranks'."""
+    raws, aligned = on_one_clock(raws)
+    tls = [assemble(r, raw, graph_phases=graph_phases, comm_phases=comm_phases) for r, raw in enumerate(raws)]
+    for tl in tls:
+        tl.meta["clock_aligned"] = aligned
+    return tls
+
+
+def phase_order(tl: Timeline) -> list:
+    """[(activity name, phase)] of the first window, in start order: a graph twin's kernels are named so."""
+    if tl.windows.empty:
+        return []
+    first = tl.windows["step"].iloc[0]
+    a = tl.activities[tl.activities["step"] == first].sort_values("start_us")
+    return list(zip(a["name"], a["phase"]))
+
+
+
 # ---- stored form of the raw records ----------------------------------------------------------------
 
 _RAW_COLUMNS = {"activities": ("name", "kind", "stream", "start_us", "end_us", "correlation", "graph", "comm"),
@@ -381,7 +449,9 @@ def raw_to_columns(raw: dict) -> dict:
     frames = {k: raw[k] for k in _RAW_COLUMNS}
     starts = [float(f["start_us"].min()) for f in frames.values() if len(f)]
     base = min(starts) if starts else 0.0
-    out = {"base_us": base, "clock": raw.get("clock"), "iterations": [
+    origin = raw.get("shared_origin_us")
+    out = {"base_us": base, "clock": raw.get("clock"),
+           "shared_origin_us": None if origin is None else round(float(origin) + base, 3), "iterations": [
         {"step": int(it["step"]), "e2e_us": None if it["e2e_us"] != it["e2e_us"] else float(it["e2e_us"]),
          "waits": {k: float(v) for k, v in it["waits"].items()}, "warmup": bool(it["warmup"])}
         for it in raw["iterations"]]}
@@ -404,7 +474,7 @@ def raw_to_columns(raw: dict) -> dict:
 
 def raw_from_columns(d: dict) -> dict:
     """The inverse of raw_to_columns (times stay relative to the first host stamp)."""
-    out = {"clock": d.get("clock"), "iterations": [
+    out = {"clock": d.get("clock"), "shared_origin_us": d.get("shared_origin_us"), "iterations": [
         {"step": it["step"], "e2e_us": math.nan if it.get("e2e_us") is None else it["e2e_us"],
          "waits": dict(it.get("waits") or {}), "warmup": bool(it.get("warmup"))} for it in d.get("iterations", [])]}
     for key in _RAW_COLUMNS:

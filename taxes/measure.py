@@ -21,7 +21,7 @@ import sys
 
 from taxes.cases import TOLERANCE, fused_trace, make_case, rel_error
 from taxes.harness import agree, gpu_metadata, time_iterations, warm_clocks
-from taxes.instrument import assemble, make_recorder, record_iterations
+from taxes.instrument import assemble_ranks, make_recorder, record_iterations, shifted
 from taxes.timeline import Timeline
 from taxes.variants import get
 from taxes.workloads import make_workload
@@ -189,13 +189,13 @@ def _instrumented_block(ctx, workload: str, case, variant: str, runner, n: int, 
                         res: dict, api: str = "warmup") -> None:
     v = get(workload, variant)
     raw = record_iterations(ctx, runner, case.inputs, n, warmup, make_recorder(clock, ctx.device.type == "cuda", api),
-                            graph=v.graphed, fused=v.fused, trace_of=_mean_waits if v.fused else None)
+                            graph=v.graphed, fused=v.fused, trace_of=mean_waits if v.fused else None)
     if hasattr(runner, "check"):
         runner.check()
     res["raw"].setdefault(clock, []).append(raw)
 
 
-def _mean_waits(runner) -> dict:
+def mean_waits(runner) -> dict:
     """{phase: the CTAs' mean time waiting on peers, us} of a fused runner's last traced call."""
     tr = fused_trace(runner)
     out = {}
@@ -206,18 +206,26 @@ def _mean_waits(runner) -> dict:
 
 
 def _merge_blocks(blocks: list[dict]) -> dict:
-    """Several instrumented blocks of one variant (rounds) -> one raw record with steps numbered on, each
-    block's times moved past the one before (each recorder has its own origin)."""
+    """Several instrumented blocks of one variant (rounds) -> one raw record with steps numbered on. Each
+    recorder counts from its own origin: a block is moved to where it lies on the host's shared clock
+    (relative to the first block's origin), so the merged record stays on one clock with every other
+    rank's; correlation ids are moved past the block before's."""
     import pandas as pd
 
     acts, launches, host, its = [], [], [], []
-    offset, shift, corr = 0, 0.0, 0
+    offset, corr = 0, 0
+    first = blocks[0].get("shared_origin_us")
+    aligned = first is not None and all(b.get("shared_origin_us") is not None for b in blocks)
+    shift = 0.0
     for b in blocks:
-        b = _shifted(b, shift, corr)
+        if aligned:
+            shift = b["shared_origin_us"] - first
+        b = shifted(b, shift, corr)
         corr = 1 + max([corr] + [int(f["correlation"].max()) for f in (b["activities"], b["launches"])
                                  if not f.empty and "correlation" in f])
-        shift = max([shift] + [float(f["end_us"].max()) for f in (b["activities"], b["launches"], b["host"])
-                               if not f.empty]) + 1e6
+        if not aligned:  # origins unknown: each block after the one before, a second apart
+            shift = max([shift] + [float(f["end_us"].max()) for f in (b["activities"], b["launches"], b["host"])
+                                   if not f.empty]) + 1e6
         ren = {f"step {it['step']}": f"step {it['step'] + offset}" for it in b["iterations"]}
         h = b["host"].copy()
         if not h.empty:
@@ -232,24 +240,9 @@ def _merge_blocks(blocks: list[dict]) -> dict:
         return pd.concat(full, ignore_index=True) if full else frames[0]
 
     return {"activities": cat(acts), "launches": cat(launches), "host": cat(host), "iterations": its,
-            "clock": blocks[0]["clock"]}
-
-
-def _shifted(raw: dict, dt: float, dc: int) -> dict:
-    """A block's records with times moved by dt and correlation ids by dc (ids restart per recorder)."""
-    out = dict(raw)
-    for key in ("activities", "launches", "host"):
-        f = raw[key].copy()
-        if not f.empty:
-            f["start_us"] = f["start_us"] + dt
-            f["end_us"] = f["end_us"] + dt
-            for c in ("correlation", "graph"):
-                if c in f:
-                    f[c] = f[c].where(f[c] < 0, f[c] + dc)
-        out[key] = f
-    return out
+            "clock": blocks[0]["clock"], "shared_origin_us": first if aligned else None}
 
 
 def timelines_of(raws: list[dict], graph_phases: list | None, comm_phases: tuple) -> list[Timeline]:
-    """Every rank's raw records of one variant and clock -> Timelines (rank order)."""
-    return [assemble(r, raw, graph_phases=graph_phases, comm_phases=comm_phases) for r, raw in enumerate(raws)]
+    """Every rank's raw records of one variant and clock -> Timelines (rank order), on one clock."""
+    return assemble_ranks(raws, graph_phases, comm_phases)

@@ -39,7 +39,7 @@ import pandas as pd
 
 from taxes import attribute as att
 from taxes.harness import time_iterations
-from taxes.instrument import assemble, make_recorder, record_iterations
+from taxes.instrument import assemble_ranks, make_recorder, phase_order, record_iterations
 
 TOLERANCE = 0.10
 TOLERANCE_US = 2.0
@@ -117,82 +117,193 @@ class Elementwise:
         return self.z
 
 
-class LateRank:
-    """Every rank: a small all-reduce; rank `late` spins `spin` us before it."""
+# ---- a rank made late on purpose ------------------------------------------------------------------
 
-    def __init__(self, ctx, spin: float, late: int = 1):
+# The runners a late rank is planted in (world > 1): NCCL and cuBLAS eager and in a graph for both
+# collectives, and a fused kernel whose wait for the late peer happens inside it. Shapes small enough for
+# a few seconds per run, large enough that each runs a real collective and GEMM.
+SYNC_RUNNERS = (("ag-gemm", "bsp"), ("ag-gemm", "bsp-graph"), ("gemm-rs", "bsp"), ("gemm-rs", "bsp-graph"),
+                ("ag-gemm", "fused-push"))
+SYNC_SHAPES = {"ag-gemm": "M=4096,N=4096,K=4096", "gemm-rs": "M=4096,N=4096,K=4096"}
+EMULATED_SHAPES = {"ag-gemm": "M=64,N=64,K=32", "gemm-rs": "M=64,N=64,K=64"}
+EMULATED_CONFIG = {"ag-gemm": {"block_m": 16, "block_n": 16, "block_k": 16, "chunk_rows": 16, "copiers": 1,
+                               "copy_block": 256, "num_stages": 1}}
+DELAYS = ("device", "host")
+LATE_US = (20.0, 100.0, 500.0)
+# emulated ranks: the bulk-synchronous runners only (the interpreter has no clock for in-kernel waits), and
+# delays of milliseconds (the host's own noise between two processes is tens to hundreds of us)
+EMULATED_RUNNERS = (("ag-gemm", "bsp"), ("gemm-rs", "bsp"))
+EMULATED_LATE_US = (3000.0, 10000.0)
+
+
+def planted_heap_bytes(world: int, emulated: bool) -> int:
+    """The symmetric heap each rank needs for the late-rank cases (the largest of SYNC_RUNNERS' cases)."""
+    from taxes.profiling import heap_bytes
+    from taxes.workloads import make_workload, parse_shape
+
+    if world < 2:
+        return 64 << 20
+    shapes = EMULATED_SHAPES if emulated else SYNC_SHAPES
+    return max(heap_bytes(make_workload(wl, parse_shape(shapes[wl]), world)) for wl, _ in SYNC_RUNNERS)
+
+
+PROLOGUE_US = 500.0  # longer than any of SYNC_RUNNERS' host launch paths up to its collective (CUPTI API records on)
+
+
+class Late:
+    """A runner with rank `late` made late on purpose, in an iteration whose arrivals the device sets.
+
+    Every rank first meets the others in a rendezvous (a one-element all-reduce: the ranks' devices leave it
+    within about a microsecond of each other, whatever the host barrier's exit skew) and runs a prologue
+    kernel of PROLOGUE_US, during which its host queues the rest, so each rank reaches the runner's
+    collective when its device gets there, not when its host does. Then rank `late` is delayed by x_us just
+    before the runner's first communication step (before its first step when it has none: a fused kernel):
+    `device`, a spin kernel of about x_us on its stream (torch.cuda._sleep), whose length the per-kernel
+    clock reads; `host`, its host first waits for its device to drain (a host spin delays a rank only when
+    nothing is queued behind it), then spins x_us before the launching call. The run without a delay keeps
+    everything else (x_us = 0: the drain stays). On emulated ranks (the host is the device) the rendezvous is
+    the ranks' barrier, there is no prologue, and a device delay is a launching call that spins."""
+
+    def __init__(self, ctx, runner, how: str, x_us: float, late: int = 1, cycles_per_us: float | None = None,
+                 prologue_us: float = PROLOGUE_US):
         import torch
 
-        self.ctx, self.spin, self.late = ctx, spin, late
-        self.t = torch.ones(1024, device=ctx.device)
+        if how not in DELAYS:
+            raise ValueError(f"delay {how!r}: choose from {', '.join(DELAYS)}")
+        self.ctx, self.runner, self.how, self.x, self.late = ctx, runner, how, float(x_us), late
+        self.cycles_per_us = cycles_per_us
+        self.prologue_us = prologue_us if ctx.device.type == "cuda" else 0.0
+        self.token = torch.zeros(1, device=ctx.device)
         self.spun: list = []
 
-    def phases(self, *inputs, traced: bool = False):
-        import torch.distributed as dist
+    def _sleep(self, us: float):
+        import torch
 
-        steps = []
-        if self.ctx.rank == self.late and self.spin:
-            steps.append(("spin", "host", lambda: self.spun.append(spin_us(self.spin))))
-        steps.append(("all-reduce", "communication", lambda: dist.all_reduce(self.t)))
-        return steps
+        torch.cuda._sleep(max(1, int(us * self.cycles_per_us)))
+
+    def _rendezvous(self):
+        if self.ctx.device.type == "cuda":
+            import torch.distributed as dist
+
+            dist.all_reduce(self.token)
+        else:
+            self.ctx.barrier()
+
+    def _device_spin(self):
+        if self.ctx.device.type == "cuda":
+            self._sleep(self.x)
+        else:
+            self.spun.append(spin_us(self.x))
+
+    def _drain(self):
+        if self.ctx.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def _host_spin(self):
+        self.spun.append(spin_us(self.x))
+
+    def phases(self, *inputs, traced: bool = False):
+        steps = list(self.runner.phases(*inputs, traced=traced))
+        if self.ctx.rank == self.late:
+            at = next((i for i, s in enumerate(steps) if s[1] == "communication"), 0)
+            if self.how == "device":
+                delay = [("delay", "compute", self._device_spin)] if self.x else []
+            else:
+                delay = [("drain", "host", self._drain)] + ([("delay", "host", self._host_spin)] if self.x else [])
+            steps = steps[:at] + delay + steps[at:]
+        head = [("rendezvous", "communication", self._rendezvous)]
+        if self.prologue_us:
+            head.append(("prologue", "compute", lambda: self._sleep(self.prologue_us)))
+        return head + steps
 
     def __call__(self, *inputs):
-        for _, _, f in self.phases():
+        for _, _, f in self.phases(*inputs):
             f()
+
+    def __getattr__(self, name):  # the wrapped runner's trace of its last call (fused kernels' waits), its checks
+        if name == "runner":
+            raise AttributeError(name)
+        return getattr(self.runner, name)
 
 
 # ---- measuring one runner -------------------------------------------------------------------------
 
 
 class Replayed:
-    """A runner's launching steps captured in one CUDA graph: calling it replays the graph."""
+    """A runner's launching steps captured in one CUDA graph per input set: calling it runs the runner's
+    host steps (a planted spin), then replays the graph."""
 
-    def __init__(self, runner):
+    def __init__(self, runner, input_sets: list):
         import torch
 
         self.runner = runner
-        steps = [s for s in runner.phases() if s[1] != "host"]
-        for _, _, f in steps:
-            f()
-        torch.cuda.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        self.graphs = {}
+        for k, inputs in enumerate(input_sets):
+            steps = [s for s in runner.phases(*inputs) if s[1] != "host"]
             for _, _, f in steps:
                 f()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _, _, f in steps:
+                    f()
+            self.graphs[id(inputs[0]) if inputs else k] = g
 
     def phases(self, *inputs, traced: bool = False):
         return self.runner.phases(*inputs, traced=traced)
 
     def __call__(self, *inputs):
-        self.graph.replay()
+        for _, role, f in self.runner.phases(*inputs):
+            if role == "host":
+                f()
+        self.graphs[id(inputs[0]) if inputs else 0].replay()
 
 
 def measure(ctx, runner, iters: int, warmup: int, clock: str, graph: bool = False, locality_bytes: float = 0.0,
-            us_per_byte: float | None = None, comm: tuple = ()) -> dict:
-    """Plain and instrumented timing of one runner, attributed; every rank returns its own view and the
-    timeline rows of all ranks are combined by the caller (single rank: this rank's). Launch calls are
-    recorded in every iteration: a known answer wants the exact launch path, whatever it costs."""
-    inputs = [()]
-    plain = time_iterations(ctx, Replayed(runner) if graph and ctx.device.type == "cuda" else runner, inputs, iters,
-                            warmup)
-    raw = record_iterations(ctx, runner, inputs, iters, warmup,
-                            make_recorder(clock, ctx.device.type == "cuda", api="all"), graph=graph, fused=False)
+            us_per_byte: float | None = None, comm: tuple = (), input_sets: list | None = None,
+            fused: bool = False) -> dict:
+    """Plain and instrumented timing of one runner; every rank returns its own records, combined by
+    `attributed`. Launch calls are recorded in every iteration: a known answer wants the exact launch path,
+    whatever it costs. fused: the instrumented iterations run the traced build and read its CTAs' waits."""
+    inputs = input_sets or [()]
+    on_gpu = ctx.device.type == "cuda"
+    plain = time_iterations(ctx, Replayed(runner, inputs) if graph and on_gpu else runner, inputs, iters, warmup)
+    trace_of = None
+    if fused:
+        from taxes.measure import mean_waits as trace_of
+    raw = record_iterations(ctx, runner, inputs, iters, warmup, make_recorder(clock, on_gpu, api="all"),
+                            graph=graph, fused=fused, trace_of=trace_of)
     return {"plain": plain, "raw": raw, "comm": comm, "locality_bytes": locality_bytes, "us_per_byte": us_per_byte}
 
 
-def attributed(per_rank: list[dict]) -> dict:
-    """Combine every rank's measurement of one runner: rows (interquartile mean), plain and instrumented
-    E2E (interquartile means of the slowest rank), busy time per iteration."""
-    tls = [assemble(r, m["raw"], comm_phases=m["comm"]) for r, m in enumerate(per_rank)]
+def attributed(per_rank: list[dict], graph_phases: list | None = None) -> dict:
+    """Combine every rank's measurement of one runner (on one clock): the rows of every rank, and per rank
+    its own statistics ("by_rank": rank -> {rows, e2e_us (its own instrumented span), plain_us (its own
+    plain samples), busy_us, launch_path_us}, each the interquartile mean over that rank's iterations);
+    beside them the overall view (per iteration the slowest rank: rows, e2e_us, plain_us)."""
+    tls = assemble_ranks([m["raw"] for m in per_rank], graph_phases, comm_phases=per_rank[0]["comm"])
     m0 = per_rank[0]
-    a = att.attribute(tls, locality_bytes=m0["locality_bytes"] or None, us_per_byte=m0["us_per_byte"])
+    a = att.attribute(tls, locality_bytes=m0["locality_bytes"] or None, us_per_byte=m0["us_per_byte"],
+                      aligned_starts=True)
     s = att.summarize(a.rows)
-    plain = att.iqm([max(v) for v in zip(*[m["plain"] for m in per_rank])])
+    plains = [m.get("plain") or [] for m in per_rank]
+    plain = att.iqm([max(v) for v in zip(*plains)]) if all(plains) else None
+    by_rank = {}
+    for tl, m, own in zip(tls, per_rank, plains):
+        rows = a.rows[a.rows["rank"] == tl.rank]
+        sr = att.summarize(rows)
+        kept = rows[rows["step"].isin(sr["kept"])]
+        by_rank[tl.rank] = {"rows": sr["rows"], "e2e_us": sr["e2e_us"], "plain_us": att.iqm(own) if own else None,
+                            "busy_us": float(kept["busy_us"].mean()) if len(kept) else 0.0,
+                            "launch_path_us": _launch_path(tl, sr["kept"]), "tl": tl}
     kept = a.rows[a.rows["step"].isin(s["kept"])]
     return {"rows": s["rows"], "per_rank": s["per_rank"], "e2e_us": s["e2e_us"], "plain_us": plain,
             "busy_us": float(kept.groupby("step")["busy_us"].max().mean()) if len(kept) else 0.0,
-            "launch_path_us": _launch_path(tls[0], s["kept"]),
-            "launch_latency_us": float(a.rows["launch_latency_us"].median()) if len(a.rows) else None}
+            "launch_path_us": by_rank[tls[0].rank]["launch_path_us"] if tls else 0.0,
+            "launch_latency_us": float(a.rows["launch_latency_us"].median()) if len(a.rows) else None,
+            "by_rank": by_rank, "notes": a.notes}
 
 
 def graph_row(eager: dict, graph: dict, plain_ladder: float | None = None) -> dict:
@@ -253,34 +364,74 @@ def rank_cases(ctx, opts: dict) -> dict:
     clock, iters, warmup = opts["clock"], opts["iters"], opts["warmup"]
     out: dict = {}
     k, extra, spin = opts.get("k", 20), opts.get("extra", 40), opts.get("spin_us", 25.0)
-    out["base"] = measure(ctx, Chain(ctx, k), iters, warmup, clock)
-    out["extra"] = measure(ctx, Chain(ctx, k, extra=extra), iters, warmup, clock)
-    spun = Chain(ctx, k, spin=spin)
-    out["spin"] = measure(ctx, spun, iters, warmup, clock)
-    out["spin"]["spun_us"] = statistics.median(spun.spun) if spun.spun else 0.0
-    out["spin"]["spins_per_iteration"] = k
-    longer = Chain(ctx, k, spin=2 * spin)
-    out["spin_more"] = measure(ctx, longer, iters, warmup, clock)
-    out["spin_more"]["spun_us"] = statistics.median(longer.spun) if longer.spun else 0.0
-    if ctx.device.type == "cuda":
-        out["graph"] = measure(ctx, Chain(ctx, k, extra=extra), iters, warmup, clock, graph=True)
-    else:  # emulated ranks replay nothing: the eager sequence stands in (the logic of the rows, not a graph)
-        out["graph"] = measure(ctx, Chain(ctx, k), iters, warmup, clock)
-    n = opts.get("elements", 128 << 20 if ctx.device.type == "cuda" else 1 << 12)
-    us_per_byte = _copy_us_per_byte(ctx, n)
-    for name, fused in (("unfused", False), ("fused", True)):
-        r = Elementwise(ctx, n, fused)
-        out[name] = measure(ctx, r, iters, warmup, clock, locality_bytes=r.intermediate_bytes, us_per_byte=us_per_byte)
-        out[name]["intermediate_bytes"] = r.intermediate_bytes
-    out["us_per_byte"] = us_per_byte
-    if ctx.world > 1 and ctx.device.type == "cuda":
-        for x in opts.get("late_us", (20.0, 100.0, 500.0)):
-            late = LateRank(ctx, x)
-            out[f"late {x:g}"] = measure(ctx, late, iters, warmup, clock, comm=("all-reduce",))
-            out[f"late {x:g}"]["spun_us"] = statistics.median(late.spun) if late.spun else 0.0
-        out["late 0"] = measure(ctx, LateRank(ctx, 0.0), iters, warmup, clock, comm=("all-reduce",))
+    if opts.get("single", True):
+        out["base"] = measure(ctx, Chain(ctx, k), iters, warmup, clock)
+        out["extra"] = measure(ctx, Chain(ctx, k, extra=extra), iters, warmup, clock)
+        spun = Chain(ctx, k, spin=spin)
+        out["spin"] = measure(ctx, spun, iters, warmup, clock)
+        out["spin"]["spun_us"] = statistics.median(spun.spun) if spun.spun else 0.0
+        out["spin"]["spins_per_iteration"] = k
+        longer = Chain(ctx, k, spin=2 * spin)
+        out["spin_more"] = measure(ctx, longer, iters, warmup, clock)
+        out["spin_more"]["spun_us"] = statistics.median(longer.spun) if longer.spun else 0.0
+        if ctx.device.type == "cuda":
+            out["graph"] = measure(ctx, Chain(ctx, k, extra=extra), iters, warmup, clock, graph=True)
+        else:  # emulated ranks replay nothing: the eager sequence stands in (the logic of the rows, not a graph)
+            out["graph"] = measure(ctx, Chain(ctx, k), iters, warmup, clock)
+        n = opts.get("elements", 128 << 20 if ctx.device.type == "cuda" else 1 << 12)
+        us_per_byte = _copy_us_per_byte(ctx, n)
+        for name, fused in (("unfused", False), ("fused", True)):
+            r = Elementwise(ctx, n, fused)
+            out[name] = measure(ctx, r, iters, warmup, clock, locality_bytes=r.intermediate_bytes,
+                                us_per_byte=us_per_byte)
+            out[name]["intermediate_bytes"] = r.intermediate_bytes
+        out["us_per_byte"] = us_per_byte
+    if ctx.world > 1:
+        out.update(late_cases(ctx, opts))
     if ctx.device.type == "cuda":
         torch.cuda.synchronize()
+    return out
+
+
+def late_cases(ctx, opts: dict) -> dict:
+    """Rank 1 late on purpose in each of SYNC_RUNNERS (opts["runners"] picks some): for each kind of delay
+    (DELAYS), once without it and once with each length (opts["late_us"]), opts["late_iters"] iterations
+    each. Keys "WORKLOAD VARIANT HOW X" ("... HOW 0": the run without a delay)."""
+    import torch
+
+    from taxes.cases import make_case
+    from taxes.harness import sleep_cycles_per_us
+    from taxes.variants import get
+    from taxes.workloads import make_workload, parse_shape
+
+    on_gpu = ctx.device.type == "cuda"
+    clock, iters, warmup = opts["clock"], opts.get("late_iters", opts["iters"]), opts["warmup"]
+    xs = tuple(opts.get("late_us", LATE_US))
+    cycles = sleep_cycles_per_us(ctx.device) if on_gpu else None
+    out = {}
+    for wl, variant in opts.get("runners", SYNC_RUNNERS):
+        ctx.heap.reset()
+        shape = (SYNC_SHAPES if on_gpu else EMULATED_SHAPES)[wl]
+        w = make_workload(wl, parse_shape(shape), ctx.world, "bf16")
+        case = make_case(ctx, w, 5.0, None if on_gpu else EMULATED_CONFIG.get(wl))
+        ctx.doing(f"known answers: {wl} {variant}, rank 1 late")
+        runner = case.build(variant)
+        v = get(wl, variant)
+        comm = tuple(n for n, role, _ in Late(ctx, runner, "device", 0.0, cycles_per_us=cycles).phases(*case.inputs[0])
+                     if role == "communication")
+        plan = [(how, x) for how in DELAYS for x in (0.0,) + xs]
+        for how, x in plan:
+            late = Late(ctx, runner, how, x, cycles_per_us=cycles)
+            m = measure(ctx, late, iters, warmup, clock, graph=v.graphed and on_gpu, comm=comm,
+                        input_sets=case.inputs, fused=v.fused)
+            m["spun_us"] = statistics.median(late.spun) if late.spun else 0.0
+            m.update(workload=wl, variant=variant, shape=shape, how=how, x_us=x, late=late.late,
+                     eager_twin=v.eager_twin)
+            out[f"{wl} {variant} {how} {x:g}"] = m
+        del runner, case
+        if on_gpu:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
     return out
 
 
@@ -307,46 +458,162 @@ def _copy_us_per_byte(ctx, n: int) -> float:
 
 def known_answers(results: list[dict]) -> list[dict]:
     """Every rank's measurements -> the known-answer rows."""
-    def A(key):
-        return attributed([r[key] for r in results])
-
-    base, extra, spun, graph = A("base"), A("extra"), A("spin"), A("graph")
-    rows = []
-    d_busy = extra["busy_us"] - base["busy_us"]
-    rows.append(row("launch", "extra small kernels", extra["e2e_us"] - base["e2e_us"] - d_busy,
-                    extra["rows"]["launch"] - base["rows"]["launch"],
-                    "change of instrumented E2E (events) less the added kernels' busy time (per-kernel clock), "
-                    "against the change of the launch row",
-                    plain_planted_us=(extra["plain_us"] or 0) - (base["plain_us"] or 0) - d_busy))
-    per_spin = results[0]["spin"]["spun_us"]
-    n_spins = results[0]["spin"]["spins_per_iteration"]
-    rows.append(row("host_bound", "host spin before each launch", n_spins * per_spin,
-                    spun["rows"]["host_bound"] - base["rows"]["host_bound"],
-                    f"{n_spins} spins of {per_spin:.1f} us (median, as the spin measured itself) per iteration, "
-                    "against the change of the host_bound row"))
-    more = A("spin_more")
-    rows.append(row("launch", "a longer host spin leaves launch unchanged",
-                    more["launch_path_us"] - spun["launch_path_us"], more["rows"]["launch"] - spun["rows"]["launch"],
-                    f"the launch row with spins of {per_spin:.1f} and {results[0]['spin_more']['spun_us']:.1f} us, "
-                    "against the change of the launching calls' own time the device waited through (API records: "
-                    "each call's start until its kernel started, and its kernel's end until it returned)",
-                    launch_path_us=[spun["launch_path_us"], more["launch_path_us"]],
-                    host_bound_change_us=more["rows"]["host_bound"] - spun["rows"]["host_bound"],
-                    against_no_spin={"launch_row_change_us": spun["rows"]["launch"] - base["rows"]["launch"],
-                                     "launch_path_change_us": spun["launch_path_us"] - base["launch_path_us"]}))
-    un, fu = A("unfused"), A("fused")
-    rows.append(row("locality", "one extra HBM round trip", un["busy_us"] - fu["busy_us"], un["rows"]["locality"],
-                    f"change of kernel busy time (per-kernel clock) against {un['rows']['locality']:.1f} us = "
-                    f"{results[0]['unfused']['intermediate_bytes'] / 2**20:.0f} MiB x the time per byte of a device "
-                    "copy timed in the same run",
-                    bytes=results[0]["unfused"]["intermediate_bytes"]))
-    rows.append(graph_row(extra, graph, plain_ladder=(extra["plain_us"] or 0) - (graph["plain_us"] or 0)))
-    for key in sorted(k for k in results[0] if k.startswith("late ") and k != "late 0"):
-        late = A(key)
-        x = results[1][key]["spun_us"] if len(results) > 1 else 0.0
-        rows.append(row("sync_wait", f"rank 1 late by {x:.0f} us", x, late["per_rank"][0]["sync_wait"],
-                        "rank 1 spins before the collective (as the spin measured itself) against rank 0's sync_wait"))
+    rows = single_rank_rows(results) if "base" in results[0] else []
+    if len(results) > 1:
+        rows += late_rows(results)
     return rows
+
+
+def _each_rank(results: list[dict], case: str, tax: str, check) -> dict:
+    """A case that concerns each rank alone (no collective): check(by_rank) -> (planted, recovered, extra)
+    per rank; the row shows the rank that missed by the most (relative to its tolerance), and holds every
+    rank's values; it is ok when every rank's is."""
+    per = []
+    for r in range(len(results)):
+        planted, recovered, extra = check(r)
+        one = row(tax, case, planted, recovered, "", **extra)
+        slack = abs(recovered - planted) / max(TOLERANCE * abs(planted), TOLERANCE_US)
+        per.append((slack, r, one))
+    worst = max(per, key=lambda t: t[0])[2]
+    out = dict(worst, rank=max(per, key=lambda t: t[0])[1], ok=all(p[2]["ok"] for p in per))
+    if len(results) > 1:
+        out["per_rank"] = [{"rank": r, "planted_us": o["planted_us"], "recovered_us": o["recovered_us"], "ok": o["ok"]}
+                           for _, r, o in per]
+    return out
+
+
+def single_rank_rows(results: list[dict]) -> list[dict]:
+    """The launch, host-bound, locality and graph cases, each rank against its own truth."""
+    cache: dict = {}
+
+    def A(key):
+        if key not in cache:
+            cache[key] = attributed([r[key] for r in results])["by_rank"]
+        return cache[key]
+
+    def B(key, r):
+        return A(key)[r]
+
+    rows = []
+
+    def launch_case(r):
+        base, extra = B("base", r), B("extra", r)
+        d_busy = extra["busy_us"] - base["busy_us"]
+        return (extra["e2e_us"] - base["e2e_us"] - d_busy, extra["rows"]["launch"] - base["rows"]["launch"],
+                {"plain_planted_us": (extra["plain_us"] or 0) - (base["plain_us"] or 0) - d_busy})
+
+    r0 = _each_rank(results, "extra small kernels", "launch", launch_case)
+    r0["method"] = ("change of the rank's instrumented E2E (events) less the added kernels' busy time (per-kernel "
+                    "clock), against the change of its launch row")
+    rows.append(r0)
+
+    def spin_case(r):
+        per_spin, n = results[r]["spin"]["spun_us"], results[r]["spin"]["spins_per_iteration"]
+        return n * per_spin, B("spin", r)["rows"]["host_bound"] - B("base", r)["rows"]["host_bound"], {}
+
+    r1 = _each_rank(results, "host spin before each launch", "host_bound", spin_case)
+    n_spins, per_spin = results[0]["spin"]["spins_per_iteration"], results[0]["spin"]["spun_us"]
+    r1["method"] = (f"{n_spins} spins of {per_spin:.1f} us (median, as the spin measured itself) per iteration, "
+                    "against the change of the host_bound row")
+    rows.append(r1)
+
+    def longer_case(r):
+        spun, more = B("spin", r), B("spin_more", r)
+        base = B("base", r)
+        return (more["launch_path_us"] - spun["launch_path_us"], more["rows"]["launch"] - spun["rows"]["launch"],
+                {"launch_path_us": [spun["launch_path_us"], more["launch_path_us"]],
+                 "host_bound_change_us": more["rows"]["host_bound"] - spun["rows"]["host_bound"],
+                 "against_no_spin": {"launch_row_change_us": spun["rows"]["launch"] - base["rows"]["launch"],
+                                     "launch_path_change_us": spun["launch_path_us"] - base["launch_path_us"]}})
+
+    r2 = _each_rank(results, "a longer host spin leaves launch unchanged", "launch", longer_case)
+    r2["method"] = (f"the launch row with spins of {per_spin:.1f} and {results[0]['spin_more']['spun_us']:.1f} us, "
+                    "against the change of the launching calls' own time the device waited through (API records: "
+                    "each call's start until its kernel started, and its kernel's end until it returned)")
+    rows.append(r2)
+
+    def locality_case(r):
+        un, fu = B("unfused", r), B("fused", r)
+        return un["busy_us"] - fu["busy_us"], un["rows"]["locality"], {"bytes": results[r]["unfused"]["intermediate_bytes"]}
+
+    r3 = _each_rank(results, "one extra HBM round trip", "locality", locality_case)
+    r3["method"] = (f"change of kernel busy time (per-kernel clock) against "
+                    f"{results[0]['unfused']['intermediate_bytes'] / 2**20:.0f} MiB x the time per byte of a device "
+                    "copy timed in the same run")
+    rows.append(r3)
+
+    def graph_case(r):
+        eager, graph = B("extra", r), B("graph", r)
+        lh = (eager["rows"]["launch"] + eager["rows"]["host_bound"]) - (graph["rows"]["launch"] + graph["rows"]["host_bound"])
+        return (eager["e2e_us"] - graph["e2e_us"], lh,
+                {"plain_planted_us": (eager["plain_us"] or 0) - (graph["plain_us"] or 0),
+                 "graph_gaps_us": graph["rows"]["graph_gaps"], "graph_launch_us": graph["rows"]["launch"]})
+
+    r4 = _each_rank(results, "the launch case replayed from a CUDA graph", "graph", graph_case)
+    r4["method"] = ("the ladder E2E(eager) - E2E(graph) of the instrumented runs (events) against launch + host_bound "
+                    "of the eager timeline minus the graph's; plain_planted_us: the same ladder of the plain runs")
+    rows.append(r4)
+    return rows
+
+
+def late_rows(results: list[dict]) -> list[dict]:
+    """Per runner, delay and length: the waiting ranks' change of sync wait against the same run without a
+    delay (recovered), against the change of their own plain E2E (events around each iteration, no clock
+    on: the truth, measured without the rule)."""
+    rows = []
+    keys = [k for k in results[0] if k.endswith(" 0") and k.split(" ")[-2:-1] in (["device"], ["host"])
+            and isinstance(results[0][k], dict) and "how" in results[0][k]]
+    for base_key in keys:
+        wl, variant, how0 = base_key.split(" ")[:3]
+        base = attributed([r[base_key] for r in results], _twin(results, base_key))
+        late = results[0][base_key]["late"]
+        waiting = [r for r in range(len(results)) if r != late]
+        skew = statistics.fmean(base["by_rank"][r]["rows"]["start_skew"] for r in range(len(results)))
+        for key in [k for k in results[0] if k.startswith(f"{wl} {variant} {how0} ") and k != base_key]:
+            m1 = results[late][key]
+            how, x = m1["how"], m1["x_us"]
+            run = attributed([r[key] for r in results], _twin(results, key))
+            per = []
+            for r in waiting:
+                truth = (run["by_rank"][r]["plain_us"] or 0.0) - (base["by_rank"][r]["plain_us"] or 0.0)
+                rec = run["by_rank"][r]["rows"]["sync_wait"] - base["by_rank"][r]["rows"]["sync_wait"]
+                one = row("sync_wait", "", truth, rec, "")
+                per.append({"rank": r, "planted_us": truth, "recovered_us": rec, "ok": one["ok"],
+                            "start_skew_change_us": run["by_rank"][r]["rows"]["start_skew"]
+                            - base["by_rank"][r]["rows"]["start_skew"]})
+            planted = statistics.fmean(p["planted_us"] for p in per)
+            recovered = statistics.fmean(p["recovered_us"] for p in per)
+            delay = _delay_us(run["by_rank"][late]["tl"]) if how == "device" else m1["spun_us"]
+            out = row("sync_wait", f"{wl} {variant}: rank {late} late by {x:g} us ({how})", planted, recovered,
+                      "the waiting ranks' change of plain E2E (events, no per-kernel clock) against the change of "
+                      "their sync_wait row, each against the same run without a delay",
+                      workload=wl, variant=variant, shape=m1["shape"], delay=how, delay_asked_us=x,
+                      delay_measured_us=delay, per_rank=per, harness_start_skew_us=skew,
+                      late_rank_e2e_change_us=(run["by_rank"][late]["plain_us"] or 0.0)
+                      - (base["by_rank"][late]["plain_us"] or 0.0))
+            out["ok"] = all(p["ok"] for p in per)
+            rows.append(out)
+    return rows
+
+
+def _twin(results: list[dict], key: str) -> list | None:
+    """A graphed runner's kernels named after its eager twin's steps, measured with the same delay: the
+    late rank's [(kernel name, step)] in order (it holds the delay kernel the others lack)."""
+    m = results[0][key]
+    if not m.get("eager_twin"):
+        return None
+    twin_key = " ".join([m["workload"], m["eager_twin"]] + key.split(" ")[2:])
+    if twin_key not in results[0]:
+        return None
+    late = m["late"]
+    tls = assemble_ranks([r[twin_key]["raw"] for r in results], comm_phases=results[0][twin_key]["comm"])
+    return phase_order(tls[late])
+
+
+def _delay_us(tl) -> float | None:
+    """The planted spin kernel's mean length per iteration, from the per-kernel clock."""
+    a = tl.activities[tl.activities["phase"] == "delay"]
+    return float((a["end_us"] - a["start_us"]).mean()) if len(a) else None
 
 
 def summary(rows: list[dict]) -> str:

@@ -40,7 +40,7 @@ def run_profile(job: Job, hw: HardwareProfile, emulate: bool = False, timeout_s:
     from taxes.kernels.runtime import launch
     from taxes.measure import rank_job
 
-    heap = max(_heap_bytes(job, s) for s in job.shapes)
+    heap = max(heap_bytes(make_workload(job.workload, s, job.world, job.dtype)) for s in job.shapes)
     results = launch(rank_job, job.world, job, backend="emulated" if emulate else "cuda", heap_bytes=heap,
                      timeout_s=timeout_s)
     if not results or results[0] is None:
@@ -50,8 +50,8 @@ def run_profile(job: Job, hw: HardwareProfile, emulate: bool = False, timeout_s:
     return build_document(results, job, hw, emulate)
 
 
-def _heap_bytes(job: Job, shape: dict) -> int:
-    w = make_workload(job.workload, shape, job.world, job.dtype)
+def heap_bytes(w) -> int:
+    """The symmetric heap each rank needs for workload w's case and every variant (bytes)."""
     if w.name == "ag-gemm":
         per_set = w.M * w.K * w.elt
         return 4 * per_set + (64 << 20)  # up to four rotated a_full sets, plus flags
@@ -60,7 +60,7 @@ def _heap_bytes(job: Job, shape: dict) -> int:
     if w.name == "tp-mlp":  # four rotated X sets; each fused build's gemm-rs inbox (< 2 M H), each bsp
         # build's M x H partial when emulated (two of each, built again for --trace), the reference's W1 and W2
         return ((4 + 4 * 2 + 4) * w.M * w.H + 3 * w.H * (w.F // w.world)) * w.elt + (64 << 20)
-    return int(4 * w.partial_bytes() * job.world * 2) + (64 << 20)
+    return int(4 * w.partial_bytes() * w.world * 2) + (64 << 20)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,6 +81,7 @@ class HostStamps:
     integer clock reading: cheap enough to sit between launches) and converted to us (to_us) at the end."""
 
     name = "stamps"
+    shared_origin_us: float | None = None  # this recorder's time 0 on the host's shared clock (shared_clock_offset_ns)
 
     def __init__(self):
         self.raw: list = []  # (kind, name, start raw, end raw)
@@ -112,6 +114,22 @@ class HostStamps:
     def host_frame(self) -> pd.DataFrame:
         return pd.DataFrame([{"name": n, "kind": k, "start_us": self.to_us(a), "end_us": self.to_us(b)}
                              for k, n, a, b in self.raw], columns=["name", "kind", "start_us", "end_us"])
+
+
+def shared_clock_offset_ns(read_ns, tries: int = 9) -> int:
+    """ns to add to a reading of the clock `read_ns()` (integer ns) to put it on the host's shared clock,
+    CLOCK_MONOTONIC, which every process of the host reads alike: the tightest of `tries` brackets
+    monotonic-reading-monotonic (a bracket is about a microsecond wide, so ranks' records line up to about
+    that). Recorders of every rank pair their own clock with it when they start, so their records can be
+    put on one clock (taxes.instrument.on_one_clock) whatever each recorder's own origin is."""
+    best = None
+    for _ in range(tries):
+        m0 = time.monotonic_ns()
+        r = int(read_ns())
+        m1 = time.monotonic_ns()
+        if best is None or m1 - m0 < best[0]:
+            best = (m1 - m0, (m0 + m1) // 2 - r)
+    return best[1]
 
 
 # ---- host calls ----------------------------------------------------------------------------------

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The multi-GPU measurements behind reports/ (known answers, profiles with rows, a calibration), on every GPU of
+# the machine (world W = the GPUs visible), one stage per call of at most ten minutes, from the installed package:
+#
+#   bash benchmarks/gpu_world.sh smoke OUT      # any machine: do the ranks' clocks line up (clock_pairing.py); the
+#                                               # known answers at world 1 with the late-rank runners built and timed
+#   bash benchmarks/gpu_world.sh planted OUT    # `taxes validate --planted` three times (RUNS="1 2 3"), each
+#                                               # to OUT/GPU-xW-N.json with its raw records beside it
+#   bash benchmarks/gpu_world.sh calibrate OUT  # `taxes calibrate --quick` to OUT/GPU-xW-calibrated.json
+#   bash benchmarks/gpu_world.sh profiles OUT   # ag-gemm, flash decode, gemm-rs and tp-mlp at world W with rows
+#                                               # (WORKLOADS picks some), each checked by `taxes check`
+#   bash benchmarks/gpu_world.sh "planted profiles" OUT
+#
+# Installs the carried wheels (.wheels) to /tmp/site and the project offline; NVLink multicast stays off.
+set -u
+stages=" ${1:?stage: smoke, planted, calibrate or profiles (several: quoted, space-separated)} "
+OUT=${2:-${OUT:-gpu-out}}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+if ls .wheels/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl \
+        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
+[ -f .taxes-provenance.json ] && export TAXES_PROVENANCE=stamp
+W=$(nvidia-smi -L | grep -c '^GPU')
+GPU=$(python3 -c "import torch; from taxes.hardware import gpu_kind; print(gpu_kind(torch.cuda.get_device_name(0)))")
+echo "world $W, $GPU"
+LOG="$OUT/log-$GPU-x$W.txt"
+
+if [[ "$stages" == *" smoke "* ]]; then
+    timeout 60 python3 benchmarks/clock_pairing.py --procs 2 --out "$OUT/clock_pairing-$GPU.json" 2>&1 | tail -4
+    cat > /tmp/late_smoke.py <<'PY'
+import time
+from taxes.kernels.runtime import launch
+from taxes.planted import late_cases, planted_heap_bytes
+
+def job(ctx, opts):
+    return late_cases(ctx, opts)
+
+if __name__ == "__main__":
+    t = time.time()
+    opts = {"clock": "cupti", "iters": 5, "warmup": 2, "late_us": (20.0,)}
+    res = launch(job, 1, opts, backend="cuda", heap_bytes=planted_heap_bytes(2, False), timeout_s=180)
+    for k, m in res[0].items():
+        print(k, "plain", round(sorted(m["plain"])[len(m["plain"]) // 2], 1), "acts", len(m["raw"]["activities"]),
+              "origin", m["raw"]["shared_origin_us"])
+    print("late cases at world 1 ran in", round(time.time() - t, 1), "s")
+PY
+    timeout 200 python3 /tmp/late_smoke.py 2>&1 | tail -25
+    [ -n "${SMOKE_PLANTED:-}" ] && timeout 150 taxes validate --planted --gpus 1 --iters 20 --clock cupti \
+        -o "$OUT/$GPU-x1-smoke.json" 2>&1 | tail -9
+fi
+
+if [[ "$stages" == *" planted "* ]]; then
+    for n in ${RUNS:-1 2 3}; do
+        timeout ${PLANTED_S:-170} taxes validate --planted --gpus "$W" --iters ${ITERS:-20} --clock cupti \
+            -o "$OUT/$GPU-x$W-$n.json" --records "$OUT/$GPU-x$W-$n.records.json.gz" 2>&1 | tail -${TAIL:-25}
+    done
+fi
+
+if [[ "$stages" == *" calibrate "* ]]; then
+    timeout 150 taxes calibrate --gpus "$W" --quick -o "$OUT/$GPU-x$W-calibrated.json" 2>&1 | tail -3
+fi
+
+if [[ "$stages" == *" profiles "* ]]; then
+    HW=$OUT/$GPU-x$W-calibrated.json
+    [ -f "$HW" ] || HW=reports/calibration/$GPU-x$W-calibrated.json
+    [ -f "$HW" ] && HWARG="--hardware $HW" || HWARG=""
+    prof() {  # NAME WORKLOAD SECONDS ARGS...
+        local name=$1 wl=$2 secs=$3; shift 3
+        timeout "$secs" taxes profile "$wl" --gpus "$W" --clock cupti $HWARG --iters ${PITERS:-40} --rounds 4 \
+            -o "$OUT/$name-$GPU-x$W.json.gz" --force --timeout-s $((secs - 5)) --format md "$@" > "$OUT/$name.md" 2>&1
+        echo "$name: exit $?"; grep -E "^\| (E2E|measurement|speed|correct)|rror" "$OUT/$name.md" | head -12
+        taxes check "$OUT/$name-$GPU-x$W.json.gz" 2>&1 | head -14
+    }
+    for wl in ${WORKLOADS:-ag-gemm flash-decode gemm-rs tp-mlp}; do
+        case $wl in
+            ag-gemm) prof ag_gemm ag-gemm 200 --shape M=1024,N=8192,K=8192 --shape M=8192,N=8192,K=8192 ;;
+            flash-decode) prof flash_decode flash-decode 120 --shape B=1,S=32768 ;;
+            gemm-rs) prof gemm_rs gemm-rs 150 --shape M=4096,N=4096,K=14336 ;;
+            tp-mlp) prof tp_mlp tp-mlp 150 --shape M=4096,H=4096,F=14336 ;;
+        esac
+    done
+fi
+
+# at most eight files come back from a call: everything in one archive (the short tables above are on stdout)
+( cd "$OUT" && tar czf /tmp/bundle.tgz . && find . -type f -delete && mv /tmp/bundle.tgz "bundle-$GPU-x$W.tgz" && ls -la )
