@@ -32,8 +32,32 @@ def nvtx(name: str, on_gpu: bool):
             torch.cuda.nvtx.range_pop()
 
 
-def time_iterations(ctx, run, input_sets: list, iters: int, warmup: int, label: str = "") -> list[float]:
-    """Run `run(*input_sets[i % n])` warmup + iters times; return this rank's iteration times in us."""
+class AlignedStart:
+    """An iteration start the ranks' devices share: after the host barrier, each rank queues a spin kernel of
+    lead_us (during which its host queues everything that follows) and a one-element all-reduce; the devices
+    leave the all-reduce within about a microsecond of each other, whatever the barrier's exit skew (tens of
+    us, at times a millisecond, on the H100 machines), and the iteration's start event comes after it. On
+    emulated ranks the host barrier stands in (the host is the device)."""
+
+    def __init__(self, ctx, lead_us: float = 500.0):
+        self.ctx, self.lead_us = ctx, lead_us
+        self.token = torch.zeros(1, device=ctx.device)
+        self.cycles = sleep_cycles_per_us(ctx.device) if ctx.device.type == "cuda" else None
+
+    def __call__(self) -> None:
+        if self.ctx.device.type == "cuda":
+            import torch.distributed as dist
+
+            torch.cuda._sleep(max(1, int(self.lead_us * self.cycles)))
+            dist.all_reduce(self.token)
+        else:
+            self.ctx.barrier()
+
+
+def time_iterations(ctx, run, input_sets: list, iters: int, warmup: int, label: str = "",
+                    align=None) -> list[float]:
+    """Run `run(*input_sets[i % n])` warmup + iters times; return this rank's iteration times in us.
+    align: an AlignedStart, run after the barrier and before the start event (None: the barrier alone)."""
     on_gpu = ctx.device.type == "cuda"
     samples = []
     if on_gpu:  # created (and their CUDA events made, by a first record) outside the timed region
@@ -44,6 +68,8 @@ def time_iterations(ctx, run, input_sets: list, iters: int, warmup: int, label: 
     for i in range(warmup + iters):
         args = input_sets[i % len(input_sets)]
         ctx.barrier()
+        if align is not None:
+            align()
         with nvtx(f"{label} iter {i}", on_gpu):
             if on_gpu:
                 start.record()

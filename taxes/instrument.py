@@ -110,10 +110,11 @@ def make_recorder(clock: str, on_gpu: bool, api: str = "warmup"):
 
 
 def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, recorder, graph: bool,
-                      fused: bool, trace_of=None, capture_after_start: bool = False) -> dict:
+                      fused: bool, trace_of=None, capture_after_start: bool = False, align=None) -> dict:
     """Run warmup + iters instrumented iterations; returns this rank's raw records: {"activities",
     "launches", "host", "iterations": [{"step", "e2e_us", "waits": {phase: us}, "warmup"}], "clock"}.
-    trace_of(runner) -> {phase: mean in-kernel wait us} of the last call, for fused kernels' traced builds."""
+    trace_of(runner) -> {phase: mean in-kernel wait us} of the last call, for fused kernels' traced builds.
+    align: as in taxes.harness.time_iterations (launched before the step begins: its work is no step's)."""
     import torch
 
     on_gpu = ctx.device.type == "cuda"
@@ -150,6 +151,8 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
             if on_gpu:
                 torch.cuda.synchronize()
             ctx.barrier()
+            if align is not None:
+                align()
             if lean:
                 h0 = now()
                 if on_gpu:

@@ -147,51 +147,29 @@ def planted_heap_bytes(world: int, emulated: bool) -> int:
     return max(heap_bytes(make_workload(wl, parse_shape(shapes[wl]), world)) for wl, _ in SYNC_RUNNERS)
 
 
-PROLOGUE_US = 500.0  # longer than any of SYNC_RUNNERS' host launch paths up to its collective (CUPTI API records on)
-
-
 class Late:
-    """A runner with rank `late` made late on purpose, in an iteration whose arrivals the device sets.
+    """A runner with rank `late` made late on purpose. Measured with an aligned start (the ranks' devices
+    leave an all-reduce together, with everything that follows already queued: taxes.harness.AlignedStart),
+    so each rank reaches the runner's collective when its device gets there. Rank `late` is delayed by x_us
+    just before the runner's first communication step (before its first step when it has none: a fused
+    kernel): `device`, a spin kernel of about x_us on its stream (torch.cuda._sleep), whose length the
+    per-kernel clock reads; `host`, its host first waits for its device to drain (a host spin delays a rank
+    only when nothing is queued behind it), then spins x_us before the launching call. The run without a
+    delay keeps everything else (x_us = 0: the drain stays). On emulated ranks (the host is the device) a
+    device delay is a launching call that spins."""
 
-    Every rank first meets the others in a rendezvous (a one-element all-reduce: the ranks' devices leave it
-    within about a microsecond of each other, whatever the host barrier's exit skew) and runs a prologue
-    kernel of PROLOGUE_US, during which its host queues the rest, so each rank reaches the runner's
-    collective when its device gets there, not when its host does. Then rank `late` is delayed by x_us just
-    before the runner's first communication step (before its first step when it has none: a fused kernel):
-    `device`, a spin kernel of about x_us on its stream (torch.cuda._sleep), whose length the per-kernel
-    clock reads; `host`, its host first waits for its device to drain (a host spin delays a rank only when
-    nothing is queued behind it), then spins x_us before the launching call. The run without a delay keeps
-    everything else (x_us = 0: the drain stays). On emulated ranks (the host is the device) the rendezvous is
-    the ranks' barrier, there is no prologue, and a device delay is a launching call that spins."""
-
-    def __init__(self, ctx, runner, how: str, x_us: float, late: int = 1, cycles_per_us: float | None = None,
-                 prologue_us: float = PROLOGUE_US):
-        import torch
-
+    def __init__(self, ctx, runner, how: str, x_us: float, late: int = 1, cycles_per_us: float | None = None):
         if how not in DELAYS:
             raise ValueError(f"delay {how!r}: choose from {', '.join(DELAYS)}")
         self.ctx, self.runner, self.how, self.x, self.late = ctx, runner, how, float(x_us), late
         self.cycles_per_us = cycles_per_us
-        self.prologue_us = prologue_us if ctx.device.type == "cuda" else 0.0
-        self.token = torch.zeros(1, device=ctx.device)
         self.spun: list = []
-
-    def _sleep(self, us: float):
-        import torch
-
-        torch.cuda._sleep(max(1, int(us * self.cycles_per_us)))
-
-    def _rendezvous(self):
-        if self.ctx.device.type == "cuda":
-            import torch.distributed as dist
-
-            dist.all_reduce(self.token)
-        else:
-            self.ctx.barrier()
 
     def _device_spin(self):
         if self.ctx.device.type == "cuda":
-            self._sleep(self.x)
+            import torch
+
+            torch.cuda._sleep(max(1, int(self.x * self.cycles_per_us)))
         else:
             self.spun.append(spin_us(self.x))
 
@@ -206,17 +184,14 @@ class Late:
 
     def phases(self, *inputs, traced: bool = False):
         steps = list(self.runner.phases(*inputs, traced=traced))
-        if self.ctx.rank == self.late:
-            at = next((i for i, s in enumerate(steps) if s[1] == "communication"), 0)
-            if self.how == "device":
-                delay = [("delay", "compute", self._device_spin)] if self.x else []
-            else:
-                delay = [("drain", "host", self._drain)] + ([("delay", "host", self._host_spin)] if self.x else [])
-            steps = steps[:at] + delay + steps[at:]
-        head = [("rendezvous", "communication", self._rendezvous)]
-        if self.prologue_us:
-            head.append(("prologue", "compute", lambda: self._sleep(self.prologue_us)))
-        return head + steps
+        if self.ctx.rank != self.late:
+            return steps
+        at = next((i for i, s in enumerate(steps) if s[1] == "communication"), 0)
+        if self.how == "device":
+            delay = [("delay", "compute", self._device_spin)] if self.x else []
+        else:
+            delay = [("drain", "host", self._drain)] + ([("delay", "host", self._host_spin)] if self.x else [])
+        return steps[:at] + delay + steps[at:]
 
     def __call__(self, *inputs):
         for _, _, f in self.phases(*inputs):
@@ -263,18 +238,20 @@ class Replayed:
 
 def measure(ctx, runner, iters: int, warmup: int, clock: str, graph: bool = False, locality_bytes: float = 0.0,
             us_per_byte: float | None = None, comm: tuple = (), input_sets: list | None = None,
-            fused: bool = False) -> dict:
+            fused: bool = False, align=None) -> dict:
     """Plain and instrumented timing of one runner; every rank returns its own records, combined by
     `attributed`. Launch calls are recorded in every iteration: a known answer wants the exact launch path,
-    whatever it costs. fused: the instrumented iterations run the traced build and read its CTAs' waits."""
+    whatever it costs. fused: the instrumented iterations run the traced build and read its CTAs' waits.
+    align: the iterations' start (taxes.harness.AlignedStart; None: the host barrier alone)."""
     inputs = input_sets or [()]
     on_gpu = ctx.device.type == "cuda"
-    plain = time_iterations(ctx, Replayed(runner, inputs) if graph and on_gpu else runner, inputs, iters, warmup)
+    plain = time_iterations(ctx, Replayed(runner, inputs) if graph and on_gpu else runner, inputs, iters, warmup,
+                            align=align)
     trace_of = None
     if fused:
         from taxes.measure import mean_waits as trace_of
     raw = record_iterations(ctx, runner, inputs, iters, warmup, make_recorder(clock, on_gpu, api="all"),
-                            graph=graph, fused=fused, trace_of=trace_of)
+                            graph=graph, fused=fused, trace_of=trace_of, align=align)
     return {"plain": plain, "raw": raw, "comm": comm, "locality_bytes": locality_bytes, "us_per_byte": us_per_byte}
 
 
@@ -400,7 +377,7 @@ def late_cases(ctx, opts: dict) -> dict:
     import torch
 
     from taxes.cases import make_case
-    from taxes.harness import sleep_cycles_per_us
+    from taxes.harness import AlignedStart, sleep_cycles_per_us
     from taxes.variants import get
     from taxes.workloads import make_workload, parse_shape
 
@@ -408,6 +385,7 @@ def late_cases(ctx, opts: dict) -> dict:
     clock, iters, warmup = opts["clock"], opts.get("late_iters", opts["iters"]), opts["warmup"]
     xs = tuple(opts.get("late_us", LATE_US))
     cycles = sleep_cycles_per_us(ctx.device) if on_gpu else None
+    align = AlignedStart(ctx, opts.get("lead_us", 500.0))
     out = {}
     for wl, variant in opts.get("runners", SYNC_RUNNERS):
         ctx.heap.reset()
@@ -417,13 +395,12 @@ def late_cases(ctx, opts: dict) -> dict:
         ctx.doing(f"known answers: {wl} {variant}, rank 1 late")
         runner = case.build(variant)
         v = get(wl, variant)
-        comm = tuple(n for n, role, _ in Late(ctx, runner, "device", 0.0, cycles_per_us=cycles).phases(*case.inputs[0])
-                     if role == "communication")
+        comm = tuple(n for n, role, _ in runner.phases(*case.inputs[0]) if role == "communication")
         plan = [(how, x) for how in DELAYS for x in (0.0,) + xs]
         for how, x in plan:
             late = Late(ctx, runner, how, x, cycles_per_us=cycles)
             m = measure(ctx, late, iters, warmup, clock, graph=v.graphed and on_gpu, comm=comm,
-                        input_sets=case.inputs, fused=v.fused)
+                        input_sets=case.inputs, fused=v.fused, align=align)
             m["spun_us"] = statistics.median(late.spun) if late.spun else 0.0
             m.update(workload=wl, variant=variant, shape=shape, how=how, x_us=x, late=late.late,
                      eager_twin=v.eager_twin)
@@ -588,6 +565,8 @@ def late_rows(results: list[dict]) -> list[dict]:
                       "the waiting ranks' change of plain E2E (events, no per-kernel clock) against the change of "
                       "their sync_wait row, each against the same run without a delay",
                       workload=wl, variant=variant, shape=m1["shape"], delay=how, delay_asked_us=x,
+                      iteration_start="aligned: after the host barrier, a spin kernel and a one-element "
+                                      "all-reduce on every rank before the start event (taxes.harness.AlignedStart)",
                       delay_measured_us=delay, per_rank=per, harness_start_skew_us=skew,
                       late_rank_e2e_change_us=(run["by_rank"][late]["plain_us"] or 0.0)
                       - (base["by_rank"][late]["plain_us"] or 0.0))

@@ -24,13 +24,13 @@ COMPONENT_TITLES = {
     "ideal": "ideal (floor)", "compute": "compute (no floor known)", "launch": "kernel-launch tax",
     "host_bound": "host-bound (host elsewhere)", "sync": "host synchronisation", "compile": "compilation",
     "data_loading": "data loading", "graph_gaps": "gaps inside graph replays", "queued": "queued (waited on a dependency)",
-    "sync_wait": "bulk-sync: sync wait", "exposed_transfer": "bulk-sync: exposed transfer",
+    "start_skew": "ranks' start skew (the harness's barrier)", "sync_wait": "bulk-sync: sync wait", "exposed_transfer": "bulk-sync: exposed transfer",
     "locality": "data-locality tax", "inefficiency": "kernel inefficiency", "unattributed": "unattributed",
 }
 COLORS = {
     "ideal": "#4C72B0", "compute": "#64B5CD", "launch": "#DA8BC3", "host_bound": "#F2B5D4", "sync": "#B07AA1",
     "compile": "#9D755D", "data_loading": "#BAB0AC", "graph_gaps": "#FF9DA7", "queued": "#EDC948",
-    "sync_wait": "#C44E52", "exposed_transfer": "#DD8452", "locality": "#8172B3", "inefficiency": "#8C8C8C",
+    "start_skew": "#E7CFCF", "sync_wait": "#C44E52", "exposed_transfer": "#DD8452", "locality": "#8172B3", "inefficiency": "#8C8C8C",
     "unattributed": "#CCB974",
 }
 ROLE_EDGE = {"compute": "#1f3b63", "communication": "#7a2e0e", "synchronisation": "#444444"}
