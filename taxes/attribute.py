@@ -8,11 +8,14 @@ The window [lo, hi) of a step on a rank is first split by what the device did, e
     exposed comm   union of all activities minus compute: communication nothing overlapped    measured
     idle           the rest, gap by gap, each gap split by cause (below)                      measured
 then:
+    start_skew        (iterations begun together after a host barrier) the part of the wait below that
+                      the other ranks' later start explains: the harness's, not the program's
     sync_wait         per collective instance matched across ranks (same `collective` key, overlapping in
-                      time): latest arrival (start) minus this rank's, at most the activity's duration; the
-                      exposed part of [start, start + wait). Plus, inside fused kernels, the time their
-                      CTAs spent waiting on peers (wait_us, from their own clocks), beyond the floor's
-                      unhideable link time.
+                      time): how much longer this rank's collective took than the quickest rank's, at most
+                      the latest arrival (start) minus this rank's; the exposed part of [start, start +
+                      wait). Plus, inside fused kernels, the time the CTA that finished last spent waiting
+                      on peers (wait_us, from the kernel's own clocks), beyond the floor's unhideable link
+                      time; less start_skew.
     exposed_transfer  exposed comm - its sync wait - the floor's unhideable link time
     ideal             the floor max(T_compute, T_link, T_hbm) (when a floor is given)          derived
     locality          intermediate bytes x time per byte (when given)                          derived
@@ -133,7 +136,8 @@ def _attribute_rank_of(args) -> tuple:
 
 def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0) -> pd.DataFrame:
     """One row per (collective instance, rank): key, rank, activity (its index in that rank's activities),
-    arrival_us, end_us, wait_us (latest arrival minus own, at most the activity's duration), n_ranks,
+    arrival_us, end_us, wait_us (how much longer the rank's collective took than the quickest rank's, at most
+    the latest arrival minus its own), n_ranks,
     matched. An instance is matched when every rank that has it ran it at overlapping times (each rank's
     end no earlier than the latest arrival, within tolerance_us): a collective cannot finish before its
     last rank arrives. Unmatched instances get no wait; they are listed, not guessed."""
@@ -156,7 +160,13 @@ def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0) -> p
     earliest_end = df.groupby("key")["end_us"].transform("min")
     df["n_ranks"] = df.groupby("key")["rank"].transform("count")
     df["matched"] = (df["n_ranks"] > 1) & (earliest_end >= latest - tolerance_us)
-    wait = np.minimum(latest - df["arrival_us"], df["end_us"] - df["arrival_us"])
+    # A rank's wait is how much longer its collective took than the quickest rank's (the one that waited
+    # least, in general the last to arrive), at most its lead over the last arrival: an early rank's kernel
+    # does its own set-up while it waits, so the lead alone overstates what waiting cost it (by about 12 us
+    # of a 2-rank NCCL all-gather on H100s: reports/known_answer/, docs/method.md)
+    dur = df["end_us"] - df["arrival_us"]
+    quickest = dur.groupby(df["key"]).transform("min")
+    wait = np.minimum(latest - df["arrival_us"], dur - quickest)
     df["wait_us"] = np.where(df["matched"], np.clip(wait, 0.0, None), 0.0)
     return df[cols]
 

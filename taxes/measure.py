@@ -177,7 +177,7 @@ def _rank_case(ctx, job, shape: dict, clocks: dict) -> dict:
     for (_, res, _), e in zip(built, worst):
         res["rel_error"] = None if e < 0 else e
     for _, res, runner in built:  # the timelines leave the rank as plain data
-        res["raw"] = {clock: _merge_blocks(blocks_) for clock, blocks_ in res["raw"].items()}
+        res["raw"] = {clock: merge_blocks(blocks_) for clock, blocks_ in res["raw"].items()}
         res["facts"] = {"splits": getattr(runner, "n_splits", None)}
         res["comm_phases"] = sorted({name for name, role, _ in runner.phases(*case.inputs[0], traced=False)
                                      if role == "communication"}) if runner is not None and hasattr(runner, "phases") else []
@@ -189,23 +189,27 @@ def _instrumented_block(ctx, workload: str, case, variant: str, runner, n: int, 
                         res: dict, api: str = "warmup") -> None:
     v = get(workload, variant)
     raw = record_iterations(ctx, runner, case.inputs, n, warmup, make_recorder(clock, ctx.device.type == "cuda", api),
-                            graph=v.graphed, fused=v.fused, trace_of=mean_waits if v.fused else None)
+                            graph=v.graphed, fused=v.fused, trace_of=critical_waits if v.fused else None)
     if hasattr(runner, "check"):
         runner.check()
     res["raw"].setdefault(clock, []).append(raw)
 
 
-def mean_waits(runner) -> dict:
-    """{phase: the CTAs' mean time waiting on peers, us} of a fused runner's last traced call."""
+def critical_waits(runner) -> dict:
+    """{phase: us} of a fused runner's last traced call: the time the CTA that finished last spent waiting on
+    peers. The kernel ends when its last CTA does, so that CTA's wait is what waiting added to the kernel;
+    a mean over CTAs dilutes it by every CTA that had nothing left to wait for (at world 4 an ag-gemm of
+    128 tiles on 132 CTAs leaves a late peer's 32 tiles to a quarter of them: docs/method.md)."""
     tr = fused_trace(runner)
     out = {}
     for name, rows in (tr or {}).items():
         if rows:
-            out[name] = sum(max(0, r[2]) for r in rows) / len(rows) / 1e3
+            last = max(rows, key=lambda r: (r[1], r[2]))
+            out[name] = max(0, last[2]) / 1e3
     return out
 
 
-def _merge_blocks(blocks: list[dict]) -> dict:
+def merge_blocks(blocks: list[dict]) -> dict:
     """Several instrumented blocks of one variant (rounds) -> one raw record with steps numbered on. Each
     recorder counts from its own origin: a block is moved to where it lies on the host's shared clock
     (relative to the first block's origin), so the merged record stays on one clock with every other

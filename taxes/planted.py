@@ -238,21 +238,32 @@ class Replayed:
 
 def measure(ctx, runner, iters: int, warmup: int, clock: str, graph: bool = False, locality_bytes: float = 0.0,
             us_per_byte: float | None = None, comm: tuple = (), input_sets: list | None = None,
-            fused: bool = False, align=None) -> dict:
+            fused: bool = False, align=None, plain_runner=None, instrumented_first: bool = False) -> dict:
     """Plain and instrumented timing of one runner; every rank returns its own records, combined by
     `attributed`. Launch calls are recorded in every iteration: a known answer wants the exact launch path,
     whatever it costs. fused: the instrumented iterations run the traced build and read its CTAs' waits.
-    align: the iterations' start (taxes.harness.AlignedStart; None: the host barrier alone)."""
+    align: the iterations' start (taxes.harness.AlignedStart; None: the host barrier alone). plain_runner:
+    what the plain iterations call (default: the runner, or its graph when graph)."""
     inputs = input_sets or [()]
     on_gpu = ctx.device.type == "cuda"
-    plain = time_iterations(ctx, Replayed(runner, inputs) if graph and on_gpu else runner, inputs, iters, warmup,
-                            align=align)
+    if plain_runner is None:
+        plain_runner = Replayed(runner, inputs) if graph and on_gpu else runner
     trace_of = None
     if fused:
-        from taxes.measure import mean_waits as trace_of
-    raw = record_iterations(ctx, runner, inputs, iters, warmup, make_recorder(clock, on_gpu, api="all"),
-                            graph=graph, fused=fused, trace_of=trace_of, align=align)
-    return {"plain": plain, "raw": raw, "comm": comm, "locality_bytes": locality_bytes, "us_per_byte": us_per_byte}
+        from taxes.measure import critical_waits as trace_of
+    out = {}
+
+    def plain():
+        out["plain"] = time_iterations(ctx, plain_runner, inputs, iters, warmup, align=align)
+
+    def instrumented():
+        out["raw"] = record_iterations(ctx, runner, inputs, iters, warmup, make_recorder(clock, on_gpu, api="all"),
+                                       graph=graph, fused=fused, trace_of=trace_of, align=align)
+
+    for block in ((instrumented, plain) if instrumented_first else (plain, instrumented)):
+        block()
+    return {"plain": out["plain"], "raw": out["raw"], "comm": comm, "locality_bytes": locality_bytes,
+            "us_per_byte": us_per_byte}
 
 
 def attributed(per_rank: list[dict], graph_phases: list | None = None) -> dict:
@@ -378,11 +389,13 @@ def late_cases(ctx, opts: dict) -> dict:
 
     from taxes.cases import make_case
     from taxes.harness import AlignedStart, sleep_cycles_per_us
+    from taxes.measure import merge_blocks
     from taxes.variants import get
     from taxes.workloads import make_workload, parse_shape
 
     on_gpu = ctx.device.type == "cuda"
     clock, iters, warmup = opts["clock"], opts.get("late_iters", opts["iters"]), opts["warmup"]
+    rounds = max(1, min(opts.get("late_rounds", 4), iters))
     xs = tuple(opts.get("late_us", LATE_US))
     cycles = sleep_cycles_per_us(ctx.device) if on_gpu else None
     align = AlignedStart(ctx, opts.get("lead_us", 500.0))
@@ -397,10 +410,23 @@ def late_cases(ctx, opts: dict) -> dict:
         v = get(wl, variant)
         comm = tuple(n for n, role, _ in runner.phases(*case.inputs[0]) if role == "communication")
         plan = [(how, x) for how in DELAYS for x in (0.0,) + xs]
-        for how, x in plan:
-            late = Late(ctx, runner, how, x, cycles_per_us=cycles)
-            m = measure(ctx, late, iters, warmup, clock, graph=v.graphed and on_gpu, comm=comm,
-                        input_sets=case.inputs, fused=v.fused, align=align)
+        lates = {p: Late(ctx, runner, p[0], p[1], cycles_per_us=cycles) for p in plan}
+        graphed = v.graphed and on_gpu
+        plains = {p: Replayed(lates[p], case.inputs) if graphed else lates[p] for p in plan}
+        got = {p: {"plain": [], "raw": []} for p in plan}
+        # every delay's iterations interleaved in rounds (plain first in even rounds, instrumented first in odd
+        # ones): a drift of the host between the run without a delay and the runs with one falls on all alike
+        for r, n in enumerate(_blocks(iters, rounds)):
+            for p in plan:
+                m = measure(ctx, lates[p], n, warmup if r == 0 else min(warmup, 2), clock, graph=graphed, comm=comm,
+                            input_sets=case.inputs, fused=v.fused, align=align, plain_runner=plains[p],
+                            instrumented_first=r % 2 == 1)
+                got[p]["plain"] += m["plain"]
+                got[p]["raw"].append(m["raw"])
+        for (how, x), g in got.items():
+            m = {"plain": g["plain"], "raw": merge_blocks(g["raw"]), "comm": comm, "locality_bytes": 0.0,
+                 "us_per_byte": None}
+            late = lates[(how, x)]
             m["spun_us"] = statistics.median(late.spun) if late.spun else 0.0
             m.update(workload=wl, variant=variant, shape=shape, how=how, x_us=x, late=late.late,
                      eager_twin=v.eager_twin)
@@ -573,6 +599,11 @@ def late_rows(results: list[dict]) -> list[dict]:
             out["ok"] = all(p["ok"] for p in per)
             rows.append(out)
     return rows
+
+
+def _blocks(iters: int, rounds: int) -> list[int]:
+    """iters split into `rounds` blocks as evenly as whole iterations allow."""
+    return [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
 
 
 def _twin(results: list[dict], key: str) -> list | None:
