@@ -101,12 +101,12 @@ class NoLaunches(HostRecorder):
 def test_launches_placed_from_a_template_block_recorded_after_the_rounds():
     """`taxes profile` with cupti-python: rounds of blocks without any launch record, then one block of
     warm-ups that records them; merged, every timed iteration is placed from that last block."""
-    from taxes.measure import _merge_blocks
+    from taxes.measure import merge_blocks
 
     runner = Steps(spin=40.0)
     blocks = [record_iterations(CTX, runner, [()], 3, 1, NoLaunches(), graph=False, fused=False) for _ in range(2)]
     blocks.append(record_iterations(CTX, runner, [()], 0, 3, ActivitiesOnly(), graph=False, fused=False))
-    merged = _merge_blocks(blocks)
+    merged = merge_blocks(blocks)
     placed = assemble(0, merged, comm_phases=("b",))
     assert (placed.launches["name"] == "launch (placed)").sum() == 3 * 6  # two blocks of three timed iterations
     assert len(placed.windows) == 6
