@@ -637,14 +637,19 @@ def test_cli_saves_a_profile_that_model_loads_by_name(calibrate_cli, capsys, mon
     _fake_machine(monkeypatch, ranks, calls)
     code, out, err = calibrate_cli(["--quick"], capsys)
     assert code == 0, err
-    assert calls == [(2, "h200-sxm", True, "h200-sxm-calibrated", "measured", 150.0)]
-    prof = get_profile("h200-sxm-calibrated")
+    # named for the GPU kind and world, the name `taxes profile` and `validate` look for on such a machine
+    assert calls == [(2, "h200-sxm", True, "h200-x2-calibrated", "measured", 150.0)]
+    prof = get_profile("h200-x2-calibrated")
     assert prof.source.startswith("calibrated on 2 x NVIDIA H200")
     assert "peer_link_gbps" in out and "kept from h200-sxm" in out
-    assert str(tmp_path / "h200-sxm-calibrated.json") in err
-    code, out, err = run_cli(["model", "ag-gemm", "--hardware", "h200-sxm-calibrated", "--format", "json"], capsys)
+    assert str(tmp_path / "h200-x2-calibrated.json") in err
+    code, out, err = run_cli(["model", "ag-gemm", "--hardware", "h200-x2-calibrated", "--format", "json"], capsys)
     assert code == 0, err
-    assert json.loads(out)["metadata"]["hardware_profile"] == "h200-sxm-calibrated"
+    assert json.loads(out)["metadata"]["hardware_profile"] == "h200-x2-calibrated"
+    from taxes.hardware import machine_profile
+
+    hw, why, warn = machine_profile("NVIDIA H200", 2)
+    assert hw.name == "h200-x2-calibrated" and warn is None, why
 
 
 def test_cli_one_gpu_keeps_link_figures_and_writes_to_o(calibrate_cli, capsys, monkeypatch, tmp_path):
