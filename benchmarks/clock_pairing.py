@@ -51,9 +51,11 @@ def main() -> None:
     for p in ps:
         p.join()
     summary = []
+    base = res[0]["monotonic"][0]  # offsets are ~1e18 ns: medians of the differences from one of them keep the ns
     for d in res:
-        mono = d["monotonic"]
+        mono = [m - base for m in d["monotonic"]]
         summary.append({"rank": d["rank"], "readings": len(mono), "monotonic_offset_ns_median": statistics.median(mono),
+                        "relative_to_ns": base,
                         "monotonic_offset_spread_ns": max(mono) - min(mono),
                         "realtime_offset_ns_median": statistics.median(d["realtime"]),
                         "realtime_offset_spread_ns": max(d["realtime"]) - min(d["realtime"])})
