@@ -425,7 +425,10 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
 
         from taxes.instrument import raw_to_columns
 
-        recs = {k: [raw_to_columns(r[k]["raw"]) | {"plain_us": list(r[k]["plain"])} for r in results]
+        from taxes.planted import stored_facts
+
+        recs = {k: [raw_to_columns(r[k]["raw"]) | {"plain_us": list(r[k]["plain"]), "facts": stored_facts(r[k])}
+                    for r in results]
                 for k in results[0] if isinstance(results[0][k], dict) and "raw" in results[0][k]}
         write_atomic(records, gzip.compress(json.dumps(recs).encode(), mtime=0))
     return rows, path

@@ -23,8 +23,15 @@ rows recovered, and how the planted amount was known:
   graph       the launch case's sequence replayed from a CUDA graph: planted = the ladder, E2E(eager) -
               E2E(graph) (plain events); recovered = the timeline's launch + host_bound of the eager run
               minus those of the graph run (what a graph removes).
-  sync_wait   (two or more ranks) every rank runs a small collective; rank 1 spins X us before it:
-              planted = X; recovered = rank 0's `sync_wait`.
+  sync_wait   (two or more ranks) rank 1 made late in each of SYNC_RUNNERS (bsp and bsp-graph of ag-gemm and
+              gemm-rs, fused-push ag-gemm), each iteration started aligned on the devices
+              (taxes.harness.AlignedStart): on its device (a spin kernel) or its host (a spin after its queue
+              drained), by 20, 100 and 500 us, against the same run without the delay, interleaved in rounds.
+              planted = each waiting rank's change of plain E2E (events, no per-kernel clock); recovered =
+              its change of `sync_wait`; instrumented_planted_us = the change of E2E in the instrumented
+              iterations (rule_ok: the rows against it).
+Single-rank cases at world > 1 are checked on every rank against that rank's own truth; a row shows the rank
+that missed by the most and holds every rank's values.
 Rows: {"tax", "case", "planted_us", "recovered_us", "error_pct", "ok", "method", ...}; ok within 10% or
 2 us, whichever is larger.
 """
@@ -579,26 +586,69 @@ def late_rows(results: list[dict]) -> list[dict]:
             per = []
             for r in waiting:
                 truth = (run["by_rank"][r]["plain_us"] or 0.0) - (base["by_rank"][r]["plain_us"] or 0.0)
+                # the same truth in the instrumented iterations themselves (their events, not the rows):
+                # where it and the plain one differ, measuring moved the program, not the rule
+                seen = run["by_rank"][r]["e2e_us"] - base["by_rank"][r]["e2e_us"]
                 rec = run["by_rank"][r]["rows"]["sync_wait"] - base["by_rank"][r]["rows"]["sync_wait"]
                 one = row("sync_wait", "", truth, rec, "")
                 per.append({"rank": r, "planted_us": truth, "recovered_us": rec, "ok": one["ok"],
+                            "instrumented_planted_us": seen, "rule_ok": row("sync_wait", "", seen, rec, "")["ok"],
                             "start_skew_change_us": run["by_rank"][r]["rows"]["start_skew"]
                             - base["by_rank"][r]["rows"]["start_skew"]})
             planted = statistics.fmean(p["planted_us"] for p in per)
             recovered = statistics.fmean(p["recovered_us"] for p in per)
+            seen = statistics.fmean(p["instrumented_planted_us"] for p in per)
             delay = _delay_us(run["by_rank"][late]["tl"]) if how == "device" else m1["spun_us"]
             out = row("sync_wait", f"{wl} {variant}: rank {late} late by {x:g} us ({how})", planted, recovered,
                       "the waiting ranks' change of plain E2E (events, no per-kernel clock) against the change of "
-                      "their sync_wait row, each against the same run without a delay",
+                      "their sync_wait row, each against the same run without a delay; instrumented_planted_us: "
+                      "the same change of E2E in the instrumented iterations (events), which rule_ok holds the "
+                      "rows to",
                       workload=wl, variant=variant, shape=m1["shape"], delay=how, delay_asked_us=x,
                       iteration_start="aligned: after the host barrier, a spin kernel and a one-element "
                                       "all-reduce on every rank before the start event (taxes.harness.AlignedStart)",
                       delay_measured_us=delay, per_rank=per, harness_start_skew_us=skew,
                       late_rank_e2e_change_us=(run["by_rank"][late]["plain_us"] or 0.0)
-                      - (base["by_rank"][late]["plain_us"] or 0.0))
+                      - (base["by_rank"][late]["plain_us"] or 0.0),
+                      instrumented_planted_us=seen, measuring_moved_us=seen - planted)
             out["ok"] = all(p["ok"] for p in per)
+            out["rule_ok"] = all(p["rule_ok"] for p in per)
             rows.append(out)
     return rows
+
+
+FACTS = ("how", "x_us", "late", "workload", "variant", "shape", "eager_twin", "comm", "spun_us")
+
+
+def stored_facts(m: dict) -> dict:
+    """What a late-rank case's stored records keep beside the raw records (FACTS)."""
+    return {k: (list(m[k]) if k == "comm" else m[k]) for k in FACTS if k in m}
+
+
+def results_from_records(records: dict) -> list[dict]:
+    """The late-rank cases of stored records ({case: [per rank: raw columns with plain_us and facts]}) as
+    known_answers' per-rank results, so late_rows can redo a run's rows by today's rules. Records stored
+    without facts take them from the case's name ("WORKLOAD VARIANT HOW X", rank 1 late)."""
+    from taxes.instrument import raw_from_columns
+    from taxes.variants import get
+
+    world = len(next(iter(records.values())))
+    out = [{} for _ in range(world)]
+    for key, ranks in records.items():
+        parts = key.split(" ")
+        if len(parts) != 4 or parts[2] not in DELAYS:
+            continue
+        wl, variant, how, x = parts
+        v = get(wl, variant)
+        for r, d in enumerate(ranks):
+            facts = {"how": how, "x_us": float(x), "late": 1, "workload": wl, "variant": variant, "shape": "",
+                     "eager_twin": v.eager_twin, "spun_us": 0.0,
+                     "comm": () if v.fused else (("all-gather",) if wl == "ag-gemm" else ("reduce-scatter",))}
+            facts.update(d.get("facts") or {})
+            facts["comm"] = tuple(facts["comm"])
+            out[r][key] = {"raw": raw_from_columns(d), "plain": list(d.get("plain_us") or []),
+                           "locality_bytes": 0.0, "us_per_byte": None, **facts}
+    return out
 
 
 def _blocks(iters: int, rounds: int) -> list[int]:

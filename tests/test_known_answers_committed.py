@@ -76,3 +76,20 @@ def test_the_device_bound_known_answers_follow_from_their_committed_traces(tmp_p
             assert abs(prof["error"]) <= 0.05, c["case"]
         else:
             assert abs(c["recovered_us"] - prof["expected_us"]) <= c["slack_us"], c["case"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_late_rank_rows_follow_from_the_records_by_todays_rules(world):
+    # the first run on 2 and 4 H100s: every late-rank case's recovered sync wait, recomputed from its raw
+    # records, is what the committed document says, and so is the truth (the plain samples are stored)
+    from taxes.planted import late_rows, results_from_records
+
+    doc = json.loads(committed(f"reports/known_answer/h100-x{world}-1.json").read_text())
+    recs = json.loads(gzip.decompress(committed(f"reports/known_answer/h100-x{world}-1.records.json.gz").read_bytes()))
+    again = {r["case"]: r for r in late_rows(results_from_records(recs))}
+    committed_rows = {r["case"]: r for r in doc["rows"] if r["tax"] == "sync_wait"}
+    assert len(committed_rows) == 30 and set(again) == set(committed_rows)
+    for case, r in committed_rows.items():
+        assert again[case]["recovered_us"] == pytest.approx(r["recovered_us"], rel=1e-6, abs=1e-6), case
+        assert again[case]["planted_us"] == pytest.approx(r["planted_us"], rel=1e-6, abs=1e-6), case
+        assert len(again[case]["per_rank"]) == world - 1  # every rank but the late one waited

@@ -1,0 +1,259 @@
+"""The multi-rank rules on synthetic timelines with answers planted on purpose: ranks put on one clock, the
+harness's start skew split from sync wait, a collective's wait measured by what it cost the waiting rank,
+a fused kernel's wait taken from the CTA that finished last, and the late-rank known answer's plumbing.
+
+Every planted answer is known by construction (a rank's clock origin moved by a known amount, a window
+started late by a known amount, a collective whose early rank overlapped part of its set-up with its
+wait), never read back from the rule that is tested."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim import Launch, run
+from taxes.attribute import ROWS, attribute
+from taxes.instrument import assemble_ranks, on_one_clock, raw_from_columns, raw_to_columns, shifted
+
+
+def one(rows, rank, step=0):
+    r = rows[(rows["rank"] == rank) & (rows["step"] == step)]
+    assert len(r) == 1
+    return r.iloc[0]
+
+
+def adds_up(r):
+    assert math.fsum(r[k] for k in ROWS) == pytest.approx(r["span_us"], abs=1e-6)
+
+
+# ---- one clock for every rank ---------------------------------------------------------------------
+
+
+def raw_record(rank: int, origin_us, arrival_us: float, coll_us: float, e2e_us: float) -> dict:
+    """One rank's raw records of one iteration, on its own clock (time 0 = its recorder's origin): a host
+    step from 0, a 10 us kernel launched at 1, then a collective launched at 12 whose kernel starts at
+    `arrival_us` and ends at `arrival_us + coll_us` (times on the rank's own clock)."""
+    acts = pd.DataFrame([
+        {"name": "gemm", "kind": "kernel", "stream": 7, "start_us": 2.0, "end_us": 12.0, "correlation": 1, "graph": -1,
+         "comm": ""},
+        {"name": "nccl", "kind": "kernel", "stream": 7, "start_us": arrival_us, "end_us": arrival_us + coll_us,
+         "correlation": 2, "graph": -1, "comm": ""}])
+    launches = pd.DataFrame([{"name": "cudaLaunchKernel", "kind": "launch", "start_us": 1.0, "end_us": 1.5,
+                              "correlation": 1, "tid": 3},
+                             {"name": "cudaLaunchKernel", "kind": "launch", "start_us": 12.0, "end_us": 12.5,
+                              "correlation": 2, "tid": 3}])
+    host = pd.DataFrame([{"name": "step 0", "kind": "step", "start_us": 0.0, "end_us": 13.0},
+                         {"name": "gemm", "kind": "call", "start_us": 0.5, "end_us": 1.6},
+                         {"name": "all-gather", "kind": "call", "start_us": 11.9, "end_us": 12.6}])
+    return {"activities": acts, "launches": launches, "host": host, "clock": "test", "shared_origin_us": origin_us,
+            "iterations": [{"step": 0, "e2e_us": e2e_us, "waits": {}, "warmup": False}]}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ranks_whose_recorders_started_apart_are_put_on_one_clock_before_their_arrivals_are_compared(seed):
+    rng = random.Random(seed)
+    # on the host's shared clock: both ranks begin at 1000 us; rank 1 reaches the collective `late` us after
+    # rank 0, and the collective ends for both at the same shared time. Each recorder's origin is elsewhere.
+    late = rng.uniform(5.0, 200.0)
+    coll = 30.0
+    origins = [1000.0 - rng.uniform(0.0, 5000.0), 1000.0 - rng.uniform(0.0, 5000.0)]
+    arrival_shared = [1020.0, 1020.0 + late]
+    end_shared = arrival_shared[1] + coll
+    raws = []
+    for r in (0, 1):
+        # times from the iteration's start (shared 1000 us), then moved onto the rank's own clock
+        raw = raw_record(r, None, arrival_shared[r] - 1000.0, end_shared - arrival_shared[r], end_shared - 1000.0)
+        raw = shifted(raw, 1000.0 - origins[r])
+        raw["shared_origin_us"] = origins[r]
+        raws.append(raw)
+    aligned, ok = on_one_clock(raws)
+    assert ok
+    starts = [float(r["activities"]["start_us"].iloc[1]) for r in aligned]
+    assert starts[1] - starts[0] == pytest.approx(late)  # the arrivals' gap on the shared clock
+    tls = assemble_ranks(raws, comm_phases=("all-gather",))
+    a = attribute(tls)
+    r0, r1 = one(a.rows, 0), one(a.rows, 1)
+    assert r0["sync_wait"] == pytest.approx(late, abs=1e-6) and r1["sync_wait"] == pytest.approx(0.0, abs=1e-6)
+    adds_up(r0), adds_up(r1)
+
+
+def test_ranks_without_a_shared_origin_are_not_compared_and_say_so():
+    raws = [raw_record(0, None, 20.0, 130.0, 150.0), raw_record(1, None, 120.0, 30.0, 150.0)]
+    tls = assemble_ranks(raws, comm_phases=("all-gather",))
+    assert not any(tl.meta["clock_aligned"] for tl in tls)
+    a = attribute(tls, aligned_starts=True)
+    assert (a.rows["sync_wait"] == 0.0).all() and (a.rows["start_skew"] == 0.0).all()
+    assert any("not aligned" in n for n in a.notes)
+    for r in (0, 1):
+        adds_up(one(a.rows, r))
+
+
+def test_the_shared_origin_survives_the_stored_form():
+    raw = raw_record(0, 123456.789, 20.0, 30.0, 50.0)
+    raw = shifted(raw, 40.0)  # times from 40 us: the stored form moves them to start near 0
+    back = raw_from_columns(raw_to_columns(raw))
+    moved = float(raw["activities"]["start_us"].min()) - float(back["activities"]["start_us"].min())
+    # the same events on the shared clock, before and after
+    assert back["shared_origin_us"] + float(back["activities"]["start_us"].iloc[1]) == pytest.approx(
+        raw["shared_origin_us"] + float(raw["activities"]["start_us"].iloc[1]), abs=1e-3)
+    assert moved > 0
+
+
+def test_blocks_of_one_rank_keep_their_distance_on_the_shared_clock():
+    from taxes.measure import merge_blocks
+
+    a, b = raw_record(0, 5000.0, 20.0, 30.0, 50.0), raw_record(0, 7500.0, 20.0, 30.0, 50.0)
+    merged = merge_blocks([a, b])
+    st = merged["activities"]["start_us"].values
+    assert st[2] - st[0] == pytest.approx(2500.0)  # the second block's gemm, 2.5 ms after the first's
+    assert merged["shared_origin_us"] == 5000.0
+    assert merged["activities"]["correlation"].is_unique  # ids restart per recorder: moved apart
+    a["shared_origin_us"] = None
+    assert merge_blocks([a, b])["shared_origin_us"] is None  # one block of unknown origin: no shared clock
+
+
+# ---- the harness's start skew ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("skew, late", [(30.0, 0.0), (30.0, 20.0), (5.0, 40.0), (0.0, 15.0)])
+def test_the_wait_a_later_start_explains_is_start_skew_the_rest_sync_wait(skew, late):
+    # rank 1's device begins its iteration `skew` us after rank 0's (the barrier's exit), and reaches the
+    # collective `late` us later still (its program); both run a 50 us kernel first, and the collective
+    # takes 20 us once both are there
+    tls = []
+    for rank in (0, 1):
+        t0 = 100.0 + (skew if rank else 0.0)
+        ks = [Launch("gemm", dur_us=50.0, not_before_us=t0),
+              Launch("ag", dur_us=0.0, comm="nccl", collective="g:1", not_before_us=t0 + 60.0 + (late if rank else 0.0))]
+        tl = run(ks, rank=rank)
+        tl.windows.loc[0, "start_us"] = t0
+        tls.append(tl)
+    arrive = [tl.activities.loc[1, "start_us"] for tl in tls]
+    assert arrive[1] - arrive[0] == pytest.approx(skew + late)
+    for tl in tls:
+        tl.activities.loc[1, "end_us"] = max(arrive) + 20.0
+        tl.windows.loc[0, "end_us"] = max(arrive) + 20.0
+    a = attribute(tls, aligned_starts=True)
+    r0, r1 = one(a.rows, 0), one(a.rows, 1)
+    assert r0["start_skew"] == pytest.approx(skew) and r0["sync_wait"] == pytest.approx(late)
+    assert r1["start_skew"] == 0.0 and r1["sync_wait"] == pytest.approx(0.0)
+    adds_up(r0), adds_up(r1)
+    b = attribute(tls)  # iterations not begun together (a trace): all of it is sync wait
+    assert one(b.rows, 0)["sync_wait"] == pytest.approx(skew + late) and one(b.rows, 0)["start_skew"] == 0.0
+
+
+# ---- what a wait at a collective costs the waiting rank --------------------------------------------
+
+
+@pytest.mark.parametrize("late, setup", [(40.0, 12.0), (100.0, 5.0), (8.0, 12.0)])
+def test_an_early_ranks_set_up_done_while_it_waits_is_not_sync_wait(late, setup):
+    # a collective that takes D = 60 us on a rank that arrives last; a rank that arrives early does up to
+    # `setup` us of it while it waits. The truth: how much later the early rank's iteration ends with the
+    # other rank late than with both on time, from the simulated times alone.
+    D = 60.0
+
+    def ranks(lateness):
+        tls = []
+        for rank in (0, 1):
+            ks = [Launch("gemm", dur_us=50.0), Launch("ag", dur_us=0.0, comm="nccl", collective="g:1",
+                                                      not_before_us=160.0 + (lateness if rank else 0.0))]
+            tls.append(run(ks, rank=rank))
+        arrive = [tl.activities.loc[1, "start_us"] for tl in tls]
+        last = max(arrive)
+        for tl, t in zip(tls, arrive):
+            overlap = min(setup, last - t)  # the early rank's set-up done while waiting
+            tl.activities.loc[1, "end_us"] = last + D - overlap
+            tl.windows.loc[0, "end_us"] = last + D - overlap
+        return tls
+
+    on_time, with_late = ranks(0.0), ranks(late)
+    truth = (with_late[0].windows.loc[0, "end_us"] - on_time[0].windows.loc[0, "end_us"])
+    rows = attribute(with_late).rows
+    assert one(rows, 0)["sync_wait"] == pytest.approx(truth)
+    assert one(rows, 1)["sync_wait"] == pytest.approx(0.0)
+    assert one(attribute(on_time).rows, 0)["sync_wait"] == pytest.approx(0.0)
+    adds_up(one(rows, 0))
+
+
+def test_a_rank_that_was_not_early_gets_no_wait_from_a_longer_collective():
+    # rank 0 arrives last but its collective runs longer (more to reduce): that is no wait of its own
+    tls = []
+    for rank, late, dur in ((0, 30.0, 90.0), (1, 0.0, 100.0)):
+        ks = [Launch("gemm", dur_us=50.0), Launch("rs", dur_us=dur, comm="nccl", collective="g:2",
+                                                  not_before_us=160.0 + late)]
+        tls.append(run(ks, rank=rank))
+    rows = attribute(tls).rows
+    assert one(rows, 0)["sync_wait"] == 0.0
+
+
+# ---- a fused kernel's wait -------------------------------------------------------------------------
+
+
+class _FusedRunner:
+    """A runner whose last traced call's CTAs are given (start ns, end ns, data wait ns, peer wait ns)."""
+
+    def __init__(self, ctas):
+        self.ctas = ctas
+
+    def cta_trace_rows(self):
+        return [{"start_ns": s, "end_ns": e, "data_wait_ns": dw, "peer_wait_ns": pw, "tiles": 1, "copies_done_ns": 0}
+                for s, e, dw, pw in self.ctas]
+
+
+def test_a_fused_kernels_wait_is_the_wait_of_the_cta_that_finished_last():
+    from taxes.measure import critical_waits
+
+    rng = random.Random(3)
+    # 128 CTAs that waited nothing and ended early (their tiles were local), 4 that waited for a late peer's
+    # rows and ended last: the kernel ended as late as those 4 waited, which a mean over CTAs dilutes 32-fold
+    ctas = [(0, int(rng.uniform(40e3, 50e3)), 0, 0) for _ in range(128)]
+    waited = [70_000, 71_000, 69_500, 70_500]
+    ctas += [(0, 130_000 + i, w, 0) for i, w in enumerate(waited)]
+    rng.shuffle(ctas)
+    got = critical_waits(_FusedRunner(ctas))["fused-gemm"]
+    assert got == pytest.approx(waited[3] / 1e3)  # the last to end: 130_003 ns
+    assert got > 20 * np.mean([c[2] for c in ctas]) / 1e3
+
+
+# ---- the late rank's plumbing ----------------------------------------------------------------------
+
+
+class _Ctx:
+    def __init__(self, rank):
+        import torch
+
+        self.rank, self.world, self.device = rank, 2, torch.device("cpu")
+
+
+class _Bsp:
+    def phases(self, *inputs, traced=False):
+        return [("matmul", "compute", lambda: None), ("reduce-scatter", "communication", lambda: None),
+                ("cast", "compute", lambda: None)]
+
+
+@pytest.mark.parametrize("how, x", [("device", 100.0), ("host", 100.0), ("host", 0.0), ("device", 0.0)])
+def test_the_late_rank_is_delayed_just_before_its_first_collective_and_only_it(how, x):
+    from taxes.planted import Late
+
+    names = [[n for n, _, _ in Late(_Ctx(r), _Bsp(), how, x).phases()] for r in (0, 1)]
+    assert names[0] == ["matmul", "reduce-scatter", "cast"]  # every other rank runs the runner unchanged
+    want = {("device", True): ["delay"], ("device", False): [], ("host", True): ["drain", "delay"],
+            ("host", False): ["drain"]}[(how, bool(x))]
+    assert names[1] == ["matmul"] + want + ["reduce-scatter", "cast"]
+
+
+def test_the_machines_gpu_picks_its_hardware_profile():
+    from taxes.hardware import machine_profile
+
+    hw, why, warn = machine_profile("NVIDIA H100 80GB HBM3", 2)  # a calibration of 2 x H100 is committed
+    assert hw.name == "h100-x2-calibrated" and warn is None
+    hw, why, warn = machine_profile("NVIDIA H100 80GB HBM3", 3)
+    assert hw.name == "h100-sxm" and warn is None and "no h100-x3-calibrated" in why
+    hw, why, warn = machine_profile("NVIDIA H100 80GB HBM3", 2, "h200-sxm")
+    assert hw.name == "h200-sxm" and "H200" in warn and "H100" in warn
+    hw, why, warn = machine_profile("Some Future GPU", 2)
+    assert hw.name == "h200-sxm" and warn and "taxes calibrate" in warn
