@@ -176,6 +176,10 @@ def _complete_workload(ctx, param, incomplete):
 @click.option("--clock", type=click.Choice(["auto", "cupti", "torch.profiler", "both"]), default="auto", show_default=True,
               help="per-kernel clock of the instrumented iterations: cupti-python, torch.profiler, or both (the "
                    "cheaper kept per variant); auto: cupti-python when installed")
+@click.option("--start", "start", type=click.Choice(["barrier", "aligned", "ahead"]), default="barrier",
+              show_default=True, help="how each iteration starts: barrier (isolated: a host barrier, the ranks' "
+              "exit skew its own row), aligned (the devices also leave an all-reduce together), ahead (the host "
+              "queues the whole iteration behind a spin kernel first: what a model's layer sees)")
 @click.option("--wait-s", type=float, default=5.0, show_default=True, help="budget of every in-kernel wait")
 @click.option("--timeout-s", type=float, default=600.0, show_default=True, help="the whole run's time limit")
 @click.option("--config", "config_text", default="", help="fused kernels' configuration overrides, e.g. block_n=128,copiers=16")
@@ -185,7 +189,7 @@ def _complete_workload(ctx, param, incomplete):
 @click.option("--format", "fmt", type=click.Choice(["table", "md", "json", "html"]), default="table", show_default=True)
 @click.option("--strict", is_flag=True, help="refuse to run from a checkout with uncommitted changes (or of unknown commit)")
 def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, hardware_name, emulate, clock,
-                wait_s, timeout_s, config_text, output, force, fmt, strict):
+                start, wait_s, timeout_s, config_text, output, force, fmt, strict):
     """Run every variant of WORKLOAD on this node's GPUs and split each one's time into the three taxes."""
     from taxes.console import say
     from taxes.hardware import get_profile
@@ -210,11 +214,11 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, 
     hw = run_hardware(hardware_name, emulate, gpus, "profile")
     chosen = [v for v in variants.split(",") if v] or None
     job = plan(workload, list(shapes) or None, gpus, chosen, dtype, iters, warmup, emulate, wait_s, True, config,
-               rounds, clock)  # every input checked before anything runs
+               rounds, clock, start)  # every input checked before anything runs
     if emulate:
         tiles = emulation_config_for(workload, job.shapes, gpus)
         job = plan(workload, job.shapes, gpus, chosen, dtype, iters, warmup, emulate, wait_s, True,
-                   tiles | config, rounds, clock)  # tiles that fit the shape; the user's --config wins
+                   tiles | config, rounds, clock, start)  # tiles that fit the shape; the user's --config wins
         note = _emulation_cost_note(workload, job.shapes, gpus)
         if note:
             say(note)

@@ -65,16 +65,26 @@ def rank_job(ctx, job) -> dict:
     warm_clocks(ctx, 2.0)
     out = {"cases": [], "meta": gpu_metadata() if ctx.rank == 0 else {}}
     clocks = _clocks(ctx, job.clock)
+    align = iteration_start(ctx, getattr(job, "start", "barrier"))
     try:
         for shape in job.shapes:
             ctx.heap.reset()
-            out["cases"].append(_rank_case(ctx, job, shape, clocks))
+            out["cases"].append(_rank_case(ctx, job, shape, clocks, align))
             if ctx.device.type == "cuda":
                 torch.cuda.empty_cache()
     finally:
         _progress_done()
     out["clocks"] = clocks
     return out
+
+
+def iteration_start(ctx, start: str):
+    """What runs between the host barrier and the start event (taxes.profiling.STARTS): None for "barrier"."""
+    from taxes.harness import AlignedStart
+
+    if start == "barrier":
+        return None
+    return AlignedStart(ctx, lead_us=500.0 if start == "ahead" else 0.0)
 
 
 def _clocks(ctx, wanted: str) -> dict:
@@ -95,7 +105,7 @@ def _clocks(ctx, wanted: str) -> dict:
             "why": f"torch.profiler ({missing})" if wanted != "torch.profiler" else "torch.profiler (asked for)"}
 
 
-def _rank_case(ctx, job, shape: dict, clocks: dict) -> dict:
+def _rank_case(ctx, job, shape: dict, clocks: dict, align=None) -> dict:
     import torch
 
     w = make_workload(job.workload, shape, job.world, job.dtype)
@@ -140,7 +150,7 @@ def _rank_case(ctx, job, shape: dict, clocks: dict) -> dict:
             def plain():
                 ctx.doing(f"{variant}: timing (round {r + 1} of {rounds})")
                 progress(ctx, job, f"{variant}: round {r + 1}/{rounds}, {n} plain iterations", advance=int(last))
-                res["samples"] += time_iterations(ctx, runner, case.inputs, n, warmup, label=variant)
+                res["samples"] += time_iterations(ctx, runner, case.inputs, n, warmup, label=variant, align=align)
                 if hasattr(runner, "check"):
                     runner.check()
 
@@ -148,7 +158,8 @@ def _rank_case(ctx, job, shape: dict, clocks: dict) -> dict:
                 ctx.doing(f"{variant}: instrumented timing (round {r + 1} of {rounds})")
                 progress(ctx, job, f"{variant}: round {r + 1}/{rounds}, {n} instrumented iterations",
                          advance=int(last))
-                _instrumented_block(ctx, job.workload, case, variant, runner, n, warmup, clocks["main"], res, api)
+                _instrumented_block(ctx, job.workload, case, variant, runner, n, warmup, clocks["main"], res, api,
+                                    align)
 
             # plain first in even rounds, instrumented first in odd ones: a drift of the host or the clocks
             # across a round falls on both kinds alike instead of on the measurement cost
@@ -163,13 +174,14 @@ def _rank_case(ctx, job, shape: dict, clocks: dict) -> dict:
             if hasattr(runner, "phases") and res["error"] is None:
                 ctx.doing(f"{variant}: the launch sequence (API records)")
                 agree(ctx, res, lambda: _instrumented_block(ctx, job.workload, case, variant, runner, 0,
-                                                            max(2, min(job.warmup, 3)), "cupti", res, "warmup"))
+                                                            max(2, min(job.warmup, 3)), "cupti", res, "warmup",
+                                                            align))
     if clocks.get("extra"):  # a second clock is a comparison: its failure fails nothing else
         for variant, res, runner in built:
             if hasattr(runner, "phases") and res["error"] is None:
                 extra = {"error": None}
                 agree(ctx, extra, lambda: _instrumented_block(ctx, job.workload, case, variant, runner, job.iters,
-                                                              job.warmup, clocks["extra"], res))
+                                                              job.warmup, clocks["extra"], res, "warmup", align))
                 if extra["error"]:
                     res["raw"].pop(clocks["extra"], None)
                     res.setdefault("clock_errors", {})[clocks["extra"]] = extra["error"]
@@ -186,10 +198,11 @@ def _rank_case(ctx, job, shape: dict, clocks: dict) -> dict:
 
 
 def _instrumented_block(ctx, workload: str, case, variant: str, runner, n: int, warmup: int, clock: str,
-                        res: dict, api: str = "warmup") -> None:
+                        res: dict, api: str = "warmup", align=None) -> None:
     v = get(workload, variant)
     raw = record_iterations(ctx, runner, case.inputs, n, warmup, make_recorder(clock, ctx.device.type == "cuda", api),
-                            graph=v.graphed, fused=v.fused, trace_of=critical_waits if v.fused else None)
+                            graph=v.graphed, fused=v.fused, trace_of=critical_waits if v.fused else None,
+                            align=align)
     if hasattr(runner, "check"):
         runner.check()
     res["raw"].setdefault(clock, []).append(raw)

@@ -16,6 +16,16 @@ from taxes.variants import get, names
 from taxes.workloads import make_workload, shape_of
 
 CLOCK_CHOICES = ("auto", "cupti", "torch.profiler", "both")
+# How each iteration starts on every rank (taxes.harness): "barrier", a host barrier then the start event
+# (isolated iterations; the ranks' barrier-exit skew is the row start_skew); "aligned", the devices also
+# meet in a one-element all-reduce before the start event (no harness skew; each host launches from there);
+# "ahead", a spin kernel first, during which each host queues the whole iteration, then the all-reduce
+# (what a model's layer sees with the host ahead: launches hidden behind the device)
+STARTS = {"barrier": "a host barrier, then each rank's start event (isolated iterations)",
+          "aligned": "a host barrier, then an all-reduce that every rank's device leaves together, then the start "
+                     "event",
+          "ahead": "a host barrier, a 500 us spin kernel during which each host queues the whole iteration, an "
+                   "all-reduce the devices leave together, then the start event (the host ahead)"}
 
 
 @dataclass
@@ -32,6 +42,7 @@ class Job:
     progress: bool
     rounds: int = 5  # timing rounds: every variant's iterations are interleaved in this many blocks
     clock: str = "auto"  # the per-kernel clock: auto (cupti-python, else torch.profiler), cupti, torch.profiler, both
+    start: str = "barrier"  # how each iteration starts (STARTS)
 
 
 def run_profile(job: Job, hw: HardwareProfile, emulate: bool = False, timeout_s: float = 600.0) -> dict:
@@ -96,7 +107,8 @@ class Result:
 
 def plan(workload: str, shape: dict | str | list | None = None, gpus: int = 2, variants: list[str] | None = None,
          dtype: str = "bf16", iters: int = 30, warmup: int = 5, emulate: bool = False, wait_s: float = 5.0,
-         progress: bool = False, config: dict | None = None, rounds: int = 5, clock: str = "auto") -> Job:
+         progress: bool = False, config: dict | None = None, rounds: int = 5, clock: str = "auto",
+         start: str = "barrier") -> Job:
     """Check every input (one-line TaxesError) and return the job, before anything runs. The iterations of
     every variant are timed in `rounds` interleaved blocks (1: one variant after another)."""
     from taxes.variants import TABLE
@@ -108,6 +120,8 @@ def plan(workload: str, shape: dict | str | list | None = None, gpus: int = 2, v
         raise TaxesError("profile: --iters and --rounds must be at least 1 and --warmup at least 0")
     if clock not in CLOCK_CHOICES:
         raise TaxesError(f"profile: unknown clock {clock!r} (choose from {', '.join(CLOCK_CHOICES)})")
+    if start not in STARTS:
+        raise TaxesError(f"profile: unknown iteration start {start!r} (choose from {', '.join(STARTS)})")
     shapes = shape if isinstance(shape, list) else [shape]
     shapes = [parse_shape(s) if isinstance(s, str) else dict(s or {}) for s in shapes]
     ws = [make_workload(workload, dict(DEFAULT_SHAPES[workload]) | s, gpus, dtype) for s in shapes]
@@ -119,19 +133,21 @@ def plan(workload: str, shape: dict | str | list | None = None, gpus: int = 2, v
     else:
         _check_memory(ws, chosen)
     return Job(workload, [shape_of(w) for w in ws], gpus, dtype, chosen, iters, warmup, wait_s, config or {},
-               progress, rounds, clock)
+               progress, rounds, clock, start)
 
 
 def profile(workload: str, shape: dict | str | list | None = None, gpus: int = 2, variants: list[str] | None = None,
             dtype: str = "bf16", iters: int = 30, warmup: int = 5, emulate: bool = False,
             hardware: str | HardwareProfile = "h200-sxm", wait_s: float = 5.0, timeout_s: float = 600.0,
-            progress: bool = False, config: dict | None = None, rounds: int = 5, clock: str = "auto") -> Result:
+            progress: bool = False, config: dict | None = None, rounds: int = 5, clock: str = "auto",
+            start: str = "barrier") -> Result:
     """Profile a workload at one shape (or a list of shapes, one case each); returns a Result (document +
     DataFrames). See `taxes profile --help`."""
     from taxes.hardware import get_profile
 
     hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
-    job = plan(workload, shape, gpus, variants, dtype, iters, warmup, emulate, wait_s, progress, config, rounds, clock)
+    job = plan(workload, shape, gpus, variants, dtype, iters, warmup, emulate, wait_s, progress, config, rounds, clock,
+               start)
     return Result(run_profile(job, hw, emulate, timeout_s))
 
 

@@ -89,3 +89,37 @@ def test_check_refuses_a_model_document_in_one_line(tmp_path, capsys):
     (tmp_path / "x.json").write_text(json.dumps({"nope": 1}))
     code, out, err = run_cli(["check", str(tmp_path / "x.json")], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+def _two_rank_variant(rng, plain_quick, plain_spread, inst_quick, inst_spread, n=12):
+    """A variant of 2 ranks whose per-rank E2E are planted: per iteration the quickest rank takes about
+    *_quick us and the other *_spread us more (plain samples, and the instrumented iterations' events)."""
+    def per_rank(quick, spread):
+        a = [quick + rng.uniform(-0.5, 0.5) for _ in range(n)]
+        return [a, [x + spread + rng.uniform(-0.5, 0.5) for x in a]]
+
+    plain, inst = per_rank(plain_quick, plain_spread), per_rank(inst_quick, inst_spread)
+    return {"variant": "fused-push", "samples_us": plain,
+            "records": {"ranks": [{"iterations": [{"step": i, "e2e_us": e, "warmup": False} for i, e in enumerate(r)]}
+                                  for r in inst]}}
+
+
+def test_measuring_cost_is_split_into_the_quickest_ranks_change_and_the_spreads():
+    import random
+
+    from taxes.checks import measurement_cause
+
+    rng = random.Random(5)
+    cause = measurement_cause(_two_rank_variant(rng, 100.0, 8.0, 104.0, 50.0))
+    nums = [float(x) for x in __import__("re").findall(r"[-+]?\d+\.\d", cause)]
+    assert nums[0] == pytest.approx(4.0, abs=0.6) and nums[1] == pytest.approx(8.0, abs=0.6)
+    assert nums[2] == pytest.approx(50.0, abs=0.6)
+    assert measurement_cause({"samples_us": [[1.0, 2.0]], "records": {"ranks": [{"iterations": []}]}}) == ""
+
+
+def test_negative_unattributed_as_large_as_locality_is_named():
+    from taxes.checks import unattributed_cause
+
+    assert "locality" in unattributed_cause({"unattributed": -87.2, "locality": 87.2}, 1125.0)
+    assert "+95.4 us beyond it" in unattributed_cause({"unattributed": -100.8, "locality": 196.2}, 1403.0)
+    assert unattributed_cause({"unattributed": -80.0, "locality": 0.0}, 1000.0) == "unexplained"

@@ -143,6 +143,7 @@ def test_profile_without_a_gpu_says_what_to_do_instead():
     (["profile", "ag-gemm", "--emulate", "--config", "block_m"], "not key=value"),
     (["profile", "ag-gemm", "--emulate", "--iters", "0"], "--iters"),
     (["profile", "ag-gemm", "--emulate", "--rounds", "0"], "--rounds"),
+    (["profile", "ag-gemm", "--emulate", "--start", "sometime"], "--start"),
 ])
 def test_bad_profile_input_is_one_line_and_exit_2(argv, needle):
     r = subprocess.run([sys.executable, "-m", "taxes.cli.main"] + argv, capture_output=True, text=True, timeout=120,
@@ -216,3 +217,31 @@ def test_memory_check_counts_every_variant_kept_alive_across_rounds():
     # bsp and bsp-graph each hold their own gathered A (M x K): one more than the largest variant alone
     assert need == pytest.approx(max(alone.values()) + 8192 * 8192 * 2)
     assert bytes_for_case(w, ["fused-pull"], 4) == pytest.approx(alone["fused-pull"])
+
+
+@pytest.mark.slow
+def test_an_iteration_start_aligned_on_the_devices_is_run_and_said(monkeypatch):
+    # each timed iteration, plain and instrumented, runs the aligned start after the barrier and before its
+    # start event (counted in the forked ranks through a shared file), and the document says which start ran
+    import tempfile
+
+    from taxes import harness
+    from taxes.profiling import profile
+
+    calls = tempfile.NamedTemporaryFile(delete=False)
+    real = harness.AlignedStart.__call__
+
+    def counted(self):
+        with open(calls.name, "a") as f:
+            f.write("x")
+        real(self)
+
+    monkeypatch.setattr(harness.AlignedStart, "__call__", counted)
+    doc = profile("flash-decode", "B=1,Hq=8,Hkv=2,D=64,S=24", 2, ["bsp"], iters=3, warmup=1, emulate=True,
+                  config={"block_n": 16}, timeout_s=300, rounds=1, start="aligned").document
+    validate(doc)
+    assert doc["metadata"]["iteration_start"]["mode"] == "aligned"
+    n = len(open(calls.name).read())
+    # 2 ranks x (plain: 1 warm-up + 3, instrumented: 1 warm-up + 3)
+    assert n == 2 * (4 + 4), n
+

@@ -398,7 +398,9 @@ def _meta_line(doc: dict) -> str:
     commit = str(m.get("git_commit") or "unknown")[:10] + (" + uncommitted changes" if m.get("git_dirty") else "")
     return printable(f"{m['kind']} by taxes {m['tool_version']} (commit {commit}), {m.get('date', '?')}; hardware "
                      f"profile {m['hardware_profile']}; world {m['world_size']}; {gpus}; torch "
-                     f"{m.get('torch_version')}, triton {m.get('triton_version')}")
+                     f"{m.get('torch_version')}, triton {m.get('triton_version')}"
+                     + (f"; iterations start: {m['iteration_start'].get('mode')}"
+                        if isinstance(m.get("iteration_start"), dict) else ""))
 
 
 def sections(doc: dict) -> list[tuple[str, list[tuple[str | None, list[str], list[list[str]]]]]]:
