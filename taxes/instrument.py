@@ -271,7 +271,13 @@ def assemble(rank: int, raw: dict, graph_phases: list | None = None, comm_phases
             continue
         end = float(acts.loc[mine, "end_us"].max())
         e2e = it["e2e_us"] if not math.isnan(it["e2e_us"]) else end - hs[k]
-        windows.append({"step": it["step"], "start_us": end - e2e, "end_us": end, "e2e_us": e2e})
+        start = end - e2e
+        if not math.isnan(it["e2e_us"]):
+            # the start event cannot precede the host stamp taken just before it was recorded: where the
+            # window ending at the last activity would begin earlier, the end event came late (the host
+            # recorded it after the last activity ended) and that lateness is the window's tail
+            start = min(max(start, float(hs[k])), float(acts.loc[mine, "start_us"].min()))
+        windows.append({"step": it["step"], "start_us": start, "end_us": start + e2e, "e2e_us": e2e})
         comp = acts[mine & (acts["comm"] == "")]
         for ph, wait in it["waits"].items():
             sel = comp[comp["phase"] == ph]

@@ -356,35 +356,55 @@ def rank_cases(ctx, opts: dict) -> dict:
     """Everything one rank measures for --planted (run under kernels.runtime.launch)."""
     import torch
 
-    clock, iters, warmup = opts["clock"], opts["iters"], opts["warmup"]
     out: dict = {}
-    k, extra, spin = opts.get("k", 20), opts.get("extra", 40), opts.get("spin_us", 25.0)
     if opts.get("single", True):
-        out["base"] = measure(ctx, Chain(ctx, k), iters, warmup, clock)
-        out["extra"] = measure(ctx, Chain(ctx, k, extra=extra), iters, warmup, clock)
-        spun = Chain(ctx, k, spin=spin)
-        out["spin"] = measure(ctx, spun, iters, warmup, clock)
-        out["spin"]["spun_us"] = statistics.median(spun.spun) if spun.spun else 0.0
-        out["spin"]["spins_per_iteration"] = k
-        longer = Chain(ctx, k, spin=2 * spin)
-        out["spin_more"] = measure(ctx, longer, iters, warmup, clock)
-        out["spin_more"]["spun_us"] = statistics.median(longer.spun) if longer.spun else 0.0
-        if ctx.device.type == "cuda":
-            out["graph"] = measure(ctx, Chain(ctx, k, extra=extra), iters, warmup, clock, graph=True)
-        else:  # emulated ranks replay nothing: the eager sequence stands in (the logic of the rows, not a graph)
-            out["graph"] = measure(ctx, Chain(ctx, k), iters, warmup, clock)
-        n = opts.get("elements", 128 << 20 if ctx.device.type == "cuda" else 1 << 12)
-        us_per_byte = _copy_us_per_byte(ctx, n)
-        for name, fused in (("unfused", False), ("fused", True)):
-            r = Elementwise(ctx, n, fused)
-            out[name] = measure(ctx, r, iters, warmup, clock, locality_bytes=r.intermediate_bytes,
-                                us_per_byte=us_per_byte)
-            out[name]["intermediate_bytes"] = r.intermediate_bytes
-        out["us_per_byte"] = us_per_byte
+        out.update(single_cases(ctx, opts))
     if ctx.world > 1:
         out.update(late_cases(ctx, opts))
     if ctx.device.type == "cuda":
         torch.cuda.synchronize()
+    return out
+
+
+def single_cases(ctx, opts: dict) -> dict:
+    """The launch, host-bound, locality and graph cases, their iterations interleaved in opts["rounds"]
+    rounds (each case's block in turn, plain first in even rounds and instrumented first in odd ones): the
+    host's speed drifts by microseconds per launching call over seconds, and a case compared with another
+    measured apart would carry that drift as a tax."""
+    from taxes.measure import merge_blocks
+
+    clock, iters, warmup = opts["clock"], opts["iters"], opts["warmup"]
+    k, extra, spin = opts.get("k", 20), opts.get("extra", 40), opts.get("spin_us", 25.0)
+    on_gpu = ctx.device.type == "cuda"
+    n = opts.get("elements", 128 << 20 if on_gpu else 1 << 12)
+    us_per_byte = _copy_us_per_byte(ctx, n)
+    spun, longer = Chain(ctx, k, spin=spin), Chain(ctx, k, spin=2 * spin)
+    unfused, fused = Elementwise(ctx, n, False), Elementwise(ctx, n, True)
+    # emulated ranks replay nothing: the eager sequence stands in for the graph (the logic of the rows)
+    cases = {"base": (Chain(ctx, k), False, {}), "extra": (Chain(ctx, k, extra=extra), False, {}),
+             "spin": (spun, False, {}), "spin_more": (longer, False, {}),
+             "graph": (Chain(ctx, k, extra=extra) if on_gpu else Chain(ctx, k), on_gpu, {}),
+             "unfused": (unfused, False, {"locality_bytes": unfused.intermediate_bytes, "us_per_byte": us_per_byte}),
+             "fused": (fused, False, {"locality_bytes": fused.intermediate_bytes, "us_per_byte": us_per_byte})}
+    plains = {name: Replayed(runner, [()]) if graph else runner for name, (runner, graph, _) in cases.items()}
+    got = {name: {"plain": [], "raw": []} for name in cases}
+    rounds = max(1, min(opts.get("rounds", 4), iters))
+    for r, n_iters in enumerate(_blocks(iters, rounds)):
+        for name, (runner, graph, kw) in cases.items():
+            m = measure(ctx, runner, n_iters, warmup if r == 0 else min(warmup, 2), clock, graph=graph,
+                        plain_runner=plains[name], instrumented_first=r % 2 == 1, **kw)
+            got[name]["plain"] += m["plain"]
+            got[name]["raw"].append(m["raw"])
+    out = {}
+    for name, (runner, graph, kw) in cases.items():
+        out[name] = {"plain": got[name]["plain"], "raw": merge_blocks(got[name]["raw"]), "comm": (),
+                     "locality_bytes": kw.get("locality_bytes", 0.0), "us_per_byte": kw.get("us_per_byte")}
+    for name, chain in (("spin", spun), ("spin_more", longer)):
+        out[name]["spun_us"] = statistics.median(chain.spun) if chain.spun else 0.0
+        out[name]["spins_per_iteration"] = k
+    for name, r in (("unfused", unfused), ("fused", fused)):
+        out[name]["intermediate_bytes"] = r.intermediate_bytes
+    out["us_per_byte"] = us_per_byte
     return out
 
 
@@ -530,16 +550,24 @@ def single_rank_rows(results: list[dict]) -> list[dict]:
     def longer_case(r):
         spun, more = B("spin", r), B("spin_more", r)
         base = B("base", r)
+        n = results[r]["spin"]["spins_per_iteration"]
+        added = n * (results[r]["spin_more"]["spun_us"] - results[r]["spin"]["spun_us"])
+        # the change of E2E (events) less the change of busy time (the per-kernel clock) and the spins' added
+        # length (as they timed themselves): what else the device waited for, which no rule decided
+        other = (more["e2e_us"] - spun["e2e_us"]) - (more["busy_us"] - spun["busy_us"]) - added
         return (more["launch_path_us"] - spun["launch_path_us"], more["rows"]["launch"] - spun["rows"]["launch"],
-                {"launch_path_us": [spun["launch_path_us"], more["launch_path_us"]],
+                {"launch_path_us": [spun["launch_path_us"], more["launch_path_us"]], "other_idle_change_us": other,
                  "host_bound_change_us": more["rows"]["host_bound"] - spun["rows"]["host_bound"],
+                 "spins_added_us": added,
                  "against_no_spin": {"launch_row_change_us": spun["rows"]["launch"] - base["rows"]["launch"],
                                      "launch_path_change_us": spun["launch_path_us"] - base["launch_path_us"]}})
 
     r2 = _each_rank(results, "a longer host spin leaves launch unchanged", "launch", longer_case)
     r2["method"] = (f"the launch row with spins of {per_spin:.1f} and {results[0]['spin_more']['spun_us']:.1f} us, "
                     "against the change of the launching calls' own time the device waited through (API records: "
-                    "each call's start until its kernel started, and its kernel's end until it returned)")
+                    "each call's start until its kernel started, and its kernel's end until it returned); "
+                    "other_idle_change_us: the change of E2E (events) less that of busy time (per-kernel clock) "
+                    "and the spins' added length (as they timed themselves)")
     rows.append(r2)
 
     def locality_case(r):
@@ -617,7 +645,9 @@ def late_rows(results: list[dict]) -> list[dict]:
     return rows
 
 
-FACTS = ("how", "x_us", "late", "workload", "variant", "shape", "eager_twin", "comm", "spun_us")
+FACTS = ("how", "x_us", "late", "workload", "variant", "shape", "eager_twin", "comm", "spun_us",
+         "spins_per_iteration", "intermediate_bytes", "locality_bytes", "us_per_byte")
+SINGLE_CASES = ("base", "extra", "spin", "spin_more", "graph", "unfused", "fused")
 
 
 def stored_facts(m: dict) -> dict:
@@ -625,15 +655,21 @@ def stored_facts(m: dict) -> dict:
     return {k: (list(m[k]) if k == "comm" else m[k]) for k in FACTS if k in m}
 
 
-def results_from_records(records: dict) -> list[dict]:
-    """The late-rank cases of stored records ({case: [per rank: raw columns with plain_us and facts]}) as
-    known_answers' per-rank results, so late_rows can redo a run's rows by today's rules. Records stored
-    without facts take them from the case's name ("WORKLOAD VARIANT HOW X", rank 1 late)."""
+def results_from_records(records: dict, facts: dict | None = None) -> list[dict]:
+    """Stored records ({case: [per rank: raw columns with plain_us and facts]}) as known_answers' per-rank
+    results, so a run's rows can be redone by today's rules. Late-rank cases stored without facts take them
+    from the case's name ("WORKLOAD VARIANT HOW X", rank 1 late); single-rank cases from `facts`
+    ({case: {fact: value}}, e.g. what the run's document says of its spins), where the records lack them."""
     from taxes.instrument import raw_from_columns
     from taxes.variants import get
 
     world = len(next(iter(records.values())))
     out = [{} for _ in range(world)]
+    for key in SINGLE_CASES:
+        for r, d in enumerate(records.get(key, [])):
+            f = {"comm": (), "locality_bytes": 0.0, "us_per_byte": None} | (facts or {}).get(key, {}) | (d.get("facts") or {})
+            out[r][key] = {"raw": raw_from_columns(d), "plain": list(d.get("plain_us") or []), **f,
+                           "comm": tuple(f.get("comm") or ())}
     for key, ranks in records.items():
         parts = key.split(" ")
         if len(parts) != 4 or parts[2] not in DELAYS:
