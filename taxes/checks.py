@@ -84,8 +84,7 @@ def measurement_cause(var: dict) -> str:
     plain = var.get("samples_us") or []
     ranks = ((var.get("records") or {}).get("ranks")) or []
     inst = [[it.get("e2e_us") for it in r.get("iterations", []) if not it.get("warmup")] for r in ranks]
-    if len(plain) < 2 or len(inst) != len(plain) or not all(inst) or \
-            any(x is None for r in inst for x in r):
+    if not plain or len(inst) != len(plain) or not all(inst) or any(x is None for r in inst for x in r):
         return ""
     from taxes.attribute import iqm
 
@@ -94,8 +93,29 @@ def measurement_cause(var: dict) -> str:
         return iqm([min(x) for x in its]), iqm([max(x) - min(x) for x in its])
 
     (q_plain, s_plain), (q_inst, s_inst) = stats(plain), stats(inst)
-    return (f"the quickest rank's E2E moved {q_inst - q_plain:+.1f} us under the clock; the ranks' spread (slowest "
-            f"minus quickest, mostly the barrier's exit skew) went from {s_plain:.1f} to {s_inst:.1f} us")
+    kernels = _kernels_per_iteration(ranks[0])
+    per = ""
+    if kernels:
+        each = (q_inst - q_plain) / kernels
+        why = ("about what CUPTI's timing of each kernel costs" if abs(each) <= 2.0 else
+               "more than CUPTI's timing of each kernel explains")
+        per = (f" ({each:+.1f} us for each of the {kernels} kernels an iteration runs: {why}, about 1 us a "
+               "kernel on an H100)")
+    if len(plain) < 2:
+        return f"the E2E moved {q_inst - q_plain:+.1f} us under the clock{per}"
+    return (f"the quickest rank's E2E moved {q_inst - q_plain:+.1f} us under the clock{per}; the ranks' spread "
+            f"(slowest minus quickest, mostly the barrier's exit skew) went from {s_plain:.1f} to {s_inst:.1f} us")
+
+
+def _kernels_per_iteration(rank: dict) -> int:
+    """Device activities per timed iteration in one rank's stored records (0 when unknown)."""
+    from taxes.instrument import assemble, raw_from_columns
+
+    try:
+        tl = assemble(0, raw_from_columns(rank))
+    except Exception:  # records of an older form: no count, no figure
+        return 0
+    return round(len(tl.activities) / len(tl.windows)) if len(tl.windows) else 0
 
 
 def unattributed_cause(rows: dict, e2e_us: float) -> str:
