@@ -65,9 +65,17 @@ def case_document(results: list[dict], workload: str, world: int, dtype: str, hw
 
     w = make_workload(workload, results[0]["shape"], world, dtype)
     eager_order = {}
-    order = sorted(range(len(results[0]["variants"])), key=lambda j: get(workload, results[0]["variants"][j]["variant"]).graphed)
+    def runs_as(v0: dict):  # fused-auto runs the variant it picked
+        v = get(workload, v0["variant"])
+        picked = (v0.get("config") or {}).get("picked")
+        return get(workload, picked) if v.rung == "auto" and picked else v
+
+    # eager variants first, fused-auto last: a graph variant names its kernels' phases after its eager twin's
+    order = sorted(range(len(results[0]["variants"])),
+                   key=lambda j: (get(workload, results[0]["variants"][j]["variant"]).rung == "auto",
+                                  runs_as(results[0]["variants"][j]).graphed))
     by_index = {}
-    for j in order:  # eager variants first: a graph variant names its kernels' phases after its eager twin's
+    for j in order:
         v0 = results[0]["variants"][j]
         name = v0["variant"]
         ok = v0["error"] is None
@@ -85,11 +93,11 @@ def case_document(results: list[dict], workload: str, world: int, dtype: str, hw
         entry["plain_e2e_us"] = entry["e2e_us"]["iqm"]
         raws = {clock: [r["variants"][j]["raw"].get(clock) for r in results] for clock in v0.get("raw", {})}
         if ok and raws and all(all(x is not None for x in rs) for rs in raws.values()):
-            v = get(workload, name)
+            v = runs_as(v0)
             twin = eager_order.get(v.eager_twin) if v.graphed else None
             comm = tuple(v0.get("comm_phases", ()))
             tls = {clock: assemble_ranks(rs, twin, comm) for clock, rs in raws.items()}
-            entry.update(attribute_variant(w, name, tls, samples, hw, v0.get("facts", {})))
+            entry.update(attribute_variant(w, v.name, tls, samples, hw, v0.get("facts", {})))
             chosen = entry["attribution"]["clock"]
             if v0.get("clock_errors"):
                 entry["attribution"]["clock_errors"] = v0["clock_errors"]
@@ -259,7 +267,8 @@ def _overall(entry: dict) -> dict:
 def _predict_into(entry: dict, w, hw: HardwareProfile) -> None:
     from taxes.model import predict
 
-    v = lookup(entry["variant"])
+    runs = (entry.get("config") or {}).get("picked") if entry["variant"] == "fused-auto" else None
+    v = lookup(runs or entry["variant"])  # fused-auto is predicted as the variant it runs
     if v is not None and v.model:
         pred = predict(w, v.model, hw)
         entry["prediction"] = {"variant": v.model, "hardware": hw.name, "e2e_us": pred.e2e_us,
@@ -283,7 +292,9 @@ def reattribute(doc: dict, hw: HardwareProfile) -> dict:
                 twin = [tuple(x) for x in rec.get("graph_phases") or []] or None
                 tls = assemble_ranks([raw_from_columns(d) for d in rec["ranks"]], twin, tuple(rec.get("comm_phases", ())))
                 facts = {"splits": (entry.get("attribution") or {}).get("splits")}
-                entry.update(attribute_variant(w, entry["variant"], {rec["clock"]: tls}, entry["samples_us"], hw, facts))
+                runs = (entry.get("config") or {}).get("picked") if entry["variant"] == "fused-auto" else None
+                entry.update(attribute_variant(w, runs or entry["variant"], {rec["clock"]: tls}, entry["samples_us"],
+                                               hw, facts))
             _predict_into(entry, w, hw)
         if case.get("extra") is not None:
             case["extra"]["ladder"] = ladder(case)

@@ -121,7 +121,7 @@ def _rank_case(ctx, job, shape: dict, clocks: dict, align=None) -> dict:
         holder = {}
 
         def build_and_check():
-            runner = holder["run"] = case.build(variant)
+            runner = holder["run"] = build_variant(ctx, job, shape, case, variant)
             o = case.inputs[0][-1].fill_(float("nan"))
             got = runner(*case.inputs[0][:-1], o)
             if hasattr(runner, "check"):
@@ -197,9 +197,30 @@ def _rank_case(ctx, job, shape: dict, clocks: dict, align=None) -> dict:
     return out
 
 
+def build_variant(ctx, job, shape: dict, case, variant: str):
+    """The variant's runner; for fused-auto, the runner of the variant it picks here (taxes.auto)."""
+    if get(job.workload, variant).rung != "auto":
+        return case.build(variant)
+    from taxes.auto import AutoRunner, pick
+
+    picked, why = pick(job.workload, shape, job.world, gpu_kind_here(ctx))
+    return AutoRunner(case.build(picked), get(job.workload, picked), why)
+
+
+def gpu_kind_here(ctx) -> str:
+    """This rank's GPU kind (h100, h200, ...), "emulated" on emulated ranks."""
+    if ctx.device.type != "cuda":
+        return "emulated"
+    import torch
+
+    from taxes.hardware import gpu_kind
+
+    return gpu_kind(torch.cuda.get_device_name(ctx.device))
+
+
 def _instrumented_block(ctx, workload: str, case, variant: str, runner, n: int, warmup: int, clock: str,
                         res: dict, api: str = "warmup", align=None) -> None:
-    v = get(workload, variant)
+    v = getattr(runner, "picked_variant", None) or get(workload, variant)  # fused-auto: the variant it runs
     raw = record_iterations(ctx, runner, case.inputs, n, warmup, make_recorder(clock, ctx.device.type == "cuda", api),
                             graph=v.graphed, fused=v.fused, trace_of=critical_waits if v.fused else None,
                             align=align)

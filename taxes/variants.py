@@ -3,7 +3,8 @@
     rung        where it stands on the ablation ladder: bsp (separate kernels and collectives, eager),
                 graph (the same in a CUDA graph: launch tax removed), fused (kernels that move data
                 themselves: the bulk-synchronous and locality taxes removed too), peer (someone else's
-                implementation, timed for comparison)
+                implementation, timed for comparison), auto (fused-auto: a graph or fused variant, picked
+                per workload, shape, world and GPU from the committed measurements, taxes.auto)
     graphed     replayed from a CUDA graph
     eager_twin  for a graphed variant, the same kernels launched eagerly (graph_twin() is the converse)
     model       the model variant that predicts it (None: the model has none); the model's own variants
@@ -23,7 +24,7 @@ from taxes.errors import TaxesError
 class Variant:
     workload: str
     name: str
-    rung: str  # bsp | graph | fused | peer
+    rung: str  # bsp | graph | fused | peer | auto
     graphed: bool = False
     eager_twin: str | None = None
     model: str | None = None
@@ -61,11 +62,13 @@ def _table() -> dict[str, tuple[Variant, ...]]:
             rows.append(v(w, "torch-fused-rs", "peer", model=None))
         if w == "flash-decode":  # the bsp a user would write: PyTorch's best local attention + NCCL + combine
             rows += [v(w, "bsp-sdpa", "bsp", model="bsp"), v(w, "bsp-sdpa-graph", "graph", True, "bsp-sdpa", "bsp-graph")]
+        rows.append(v(w, "fused-auto", "auto", model=None))
         out[w] = tuple(rows)
     w = "tp-mlp"
     out[w] = (v(w, "all-bsp", "bsp", part="bsp"), v(w, "all-graph", "graph", True, "all-bsp", part="bsp-graph"),
               v(w, "all-fused-eager", "fused", producer="push", part="fused-push"),
-              v(w, "all-fused", "fused", True, "all-fused-eager", producer="push", part="fused-push"))
+              v(w, "all-fused", "fused", True, "all-fused-eager", producer="push", part="fused-push"),
+              v(w, "fused-auto", "auto", model=None))
     return out
 
 

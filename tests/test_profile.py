@@ -48,9 +48,10 @@ def test_emulated_profile_of_both_workloads_checks_every_variant_and_closes():
                  config=TINY_AG, timeout_s=300)
     fd = profile("flash-decode", "B=1,Hq=8,Hkv=2,D=64,S=40", 2, iters=3, warmup=1, emulate=True,
                  config={"block_n": 16}, timeout_s=300)
-    for doc, n_cases, names in ((ag.document, 2, {"bsp", "bsp-graph", "fused-pull", "fused-push", "fused-push-graph"}),
+    for doc, n_cases, names in ((ag.document, 2, {"bsp", "bsp-graph", "fused-pull", "fused-push", "fused-push-graph",
+                                                  "fused-auto"}),
                                 (fd.document, 1, {"bsp", "bsp-graph", "fused-push", "fused-push-graph", "bsp-sdpa",
-                                                  "bsp-sdpa-graph"})):
+                                                  "bsp-sdpa-graph", "fused-auto"})):
         validate(doc)
         assert doc["metadata"]["emulated"] is True and len(doc["cases"]) == n_cases
         for case in doc["cases"]:
@@ -160,7 +161,7 @@ def test_emulated_profile_of_gemm_rs():
                   config=dict(block_m=16, block_n=16, block_k=16, grid=4), timeout_s=300)
     validate(res.document)
     variants = res.document["cases"][0]["variants"]
-    assert {v["variant"] for v in variants} == {"bsp", "bsp-graph", "fused-push", "fused-push-graph"}
+    assert {v["variant"] for v in variants} == {"bsp", "bsp-graph", "fused-push", "fused-push-graph", "fused-auto"}
     assert all(v["correctness"]["passed"] for v in variants)
     for v in variants:
         assert_rows_add_up(v)
