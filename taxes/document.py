@@ -43,12 +43,10 @@ def build_document(results: list[dict], job, hw: HardwareProfile, emulated: bool
     from taxes.results import collect_metadata, new_document
 
     clocks = results[0].get("clocks", {})
-    from taxes.profiling import STARTS
-
     start = getattr(job, "start", "barrier")
     meta = collect_metadata("profile", job.world, hw.name, emulated=emulated, iterations=job.iters,
                             warmup=job.warmup, rounds=job.rounds, statistic=STATISTIC,
-                            iteration_start={"mode": start, "how": STARTS[start]},
+                            iteration_start={"mode": start, "how": getattr(job, "start_how", start)},
                             timing=("cuda events around every iteration (plain, and instrumented); per-kernel "
                                     f"clock: {clocks.get('why', clocks.get('main'))}; globaltimer per CTA in fused "
                                     "kernels' traced builds"),

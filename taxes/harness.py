@@ -19,7 +19,6 @@ import time
 
 import torch
 
-
 @contextlib.contextmanager
 def nvtx(name: str, on_gpu: bool):
     """An NVTX range (Nsight Systems shows it); nothing without a GPU."""

@@ -26,8 +26,6 @@ STARTS = {"barrier": "a host barrier, then each rank's start event (isolated ite
                      "event",
           "ahead": "a host barrier, a 500 us spin kernel during which each host queues the whole iteration, an "
                    "all-reduce the devices leave together, then the start event (the host ahead)"}
-
-
 @dataclass
 class Job:
     workload: str
@@ -43,6 +41,10 @@ class Job:
     rounds: int = 5  # timing rounds: every variant's iterations are interleaved in this many blocks
     clock: str = "auto"  # the per-kernel clock: auto (cupti-python, else torch.profiler), cupti, torch.profiler, both
     start: str = "barrier"  # how each iteration starts (STARTS)
+
+    @property
+    def start_how(self) -> str:
+        return STARTS[self.start]
 
 
 def run_profile(job: Job, hw: HardwareProfile, emulate: bool = False, timeout_s: float = 600.0) -> dict:
