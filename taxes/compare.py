@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from taxes.errors import TaxesError
-from taxes.sanitize import one_line
+from taxes.sanitize import one_line, printable
 
 N_RESAMPLES = 2000
 MIN_SAMPLES = 5  # fewer iterations than this on a side: no rank test (its approximation is too rough)
@@ -458,8 +458,8 @@ def render_junit(df: pd.DataFrame) -> str:
     suites = ET.Element("testsuites", {k: v for k, v in attrs.items() if k != "skipped"})
     suite = ET.SubElement(suites, "testsuite", attrs)
     props = ET.SubElement(suite, "properties")
-    for key in ("base", "new", "threshold", "confidence", "seed", "n_resamples"):
-        ET.SubElement(props, "property", {"name": key, "value": str(a.get(key))})
+    for key in ("base", "new", "threshold", "confidence", "seed", "n_resamples"):  # base, new: file names as given
+        ET.SubElement(props, "property", {"name": key, "value": printable(a.get(key))})
     for _, r in df.iterrows():
         tc = ET.SubElement(suite, "testcase", {"classname": f"taxes.compare.{r['workload']}",
                                                "name": f"{r['shape']} {r['dtype']} world={r['world']} {r['variant']}",
