@@ -17,7 +17,7 @@ Two backends give the arenas:
 `launch(fn, world, backend=...)` starts one process per rank, runs fn(ctx) in each, and returns the
 ranks' results. It never waits forever: a rank that raises, dies or overruns its time budget ends the
 whole run with one RankError line naming the rank and what it was doing (its last `ctx.doing(...)`); a
-rank still running near the deadline writes its threads' stacks to a file, which that line names.
+rank still running at the deadline writes its threads' stacks to a file, which that line names.
 Ranks never outlive the launcher: every exit path (error, Ctrl-C, the launcher itself killed) stops and
 reaps them, so no orphan keeps a GPU. Under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set) with the cuda
 backend, `launch` runs fn in the calling process as that rank instead (see `launch`).
@@ -227,9 +227,8 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _dump_seconds(timeout_s: float) -> float:
-    """When a rank writes its stacks: before the launcher's deadline, so the file is whole by then."""
-    return max(0.9 * timeout_s, timeout_s - 20)
+STACKS_SIGNAL = signal.SIGUSR1  # the launcher's request to a late rank: write your threads' stacks
+STACKS_WAIT_S = 2.0  # how long the launcher waits for the late ranks' stacks before stopping them
 
 
 def _rank_main(rank, world, backend, fn, args, results, doing, port, arenas, barrier, scratch, heap_bytes, timeout_s,
@@ -243,10 +242,11 @@ def _rank_main(rank, world, backend, fn, args, results, doing, port, arenas, bar
     os.environ.update(SAFE_ENV)
     for k, v in NCCL_DEFAULTS.items():
         os.environ.setdefault(k, v)
-    # If this rank is still running near the launcher's deadline, keep where it is stuck: in a file of its
-    # own (the launcher gathers them and names the result), never on the terminal.
+    # If this rank is still running at the launcher's deadline, the launcher asks (STACKS_SIGNAL) where it is
+    # stuck: the answer goes to a file of its own (the launcher gathers them and names the result), never to
+    # the terminal. faulthandler writes it from the signal handler, in C, even while the rank is inside C code.
     stacks = open(os.path.join(stacks_dir, f"rank{rank}.txt"), "w")
-    faulthandler.dump_traceback_later(_dump_seconds(timeout_s), exit=False, file=stacks)
+    faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True)
     try:
         if backend == "cuda":
             ctx = _cuda_context(rank, world, rank, heap_bytes, timeout_s, f"tcp://127.0.0.1:{port}")
@@ -261,7 +261,7 @@ def _rank_main(rank, world, backend, fn, args, results, doing, port, arenas, bar
         tb = traceback.format_exc(limit=-8)
         results.put((rank, "error", _one_line(e), tb))
     finally:
-        faulthandler.cancel_dump_traceback_later()
+        faulthandler.unregister(STACKS_SIGNAL)
         stacks.close()
         if backend == "cuda":
             _end_process_group()
@@ -391,7 +391,7 @@ def _launch_processes(fn, world, args, backend, heap_bytes, timeout_s):
                 raise RankError(f"rank {r} failed while {doing.get(r, 'starting')}: {line}")
             if time.monotonic() > deadline:
                 late = [r for r in range(world) if r not in out]
-                stacks = gather_stacks(stacks_dir, late)
+                stacks = gather_stacks(stacks_dir, {r: procs[r] for r in late})
                 raise RankError(f"rank {late[0]} did not finish within {timeout_s:g} s (it was {doing.get(late[0], 'starting')}); "
                                 f"the ranks were stopped" + (f"; their stacks: {stacks}" if stacks else ""))
     finally:
@@ -400,24 +400,42 @@ def _launch_processes(fn, world, args, backend, heap_bytes, timeout_s):
     return [out[r] for r in range(world)]
 
 
-def gather_stacks(stacks_dir: str, ranks: list[int]) -> str | None:
-    """The stacks the late ranks wrote (one file per rank in stacks_dir) as one file, each under its rank's
-    heading, in the system's temporary directory; its path, or None when no rank wrote any."""
-    parts = []
-    for r in ranks:
+def gather_stacks(stacks_dir: str, late: dict) -> str | None:
+    """Ask each late rank ({rank: process}) for its threads' stacks (STACKS_SIGNAL: each writes its own file
+    in stacks_dir), wait up to STACKS_WAIT_S for them, and put them in one file, each under its rank's
+    heading, in the system's temporary directory. Its path, or None when no rank answered."""
+    for p in late.values():
         try:
-            with open(os.path.join(stacks_dir, f"rank{r}.txt"), errors="replace") as f:
+            os.kill(p.pid, STACKS_SIGNAL)
+        except (ProcessLookupError, TypeError):  # exited meanwhile, or never started
+            pass
+    files = {r: os.path.join(stacks_dir, f"rank{r}.txt") for r in late}
+    deadline = time.monotonic() + STACKS_WAIT_S
+    while time.monotonic() < deadline and not all(_size(f) for f in files.values()):
+        time.sleep(0.05)
+    time.sleep(0.1)  # a dump is written line by line: let the last lines land
+    parts = []
+    for r, path in files.items():
+        try:
+            with open(path, errors="replace") as f:
                 text = f.read(1 << 20)  # a stack dump is a few kB; never hold more
         except OSError:
             continue
         if text.strip():
-            parts.append(f"rank {r}: its threads' stacks shortly before the deadline (most recent call first)\n{text}")
+            parts.append(f"rank {r}: its threads' stacks at the deadline (most recent call first)\n{text}")
     if not parts:
         return None
     fd, path = tempfile.mkstemp(prefix="taxes-stacks-", suffix=".txt")
     with os.fdopen(fd, "w") as f:
         f.write("\n".join(parts))
     return path
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _remove_tree(path: str) -> None:
