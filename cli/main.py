@@ -505,7 +505,7 @@ def hardware_show(name, fmt):
               help="Re-attribute a profile with this hardware profile (e.g. a later calibration); measured times stay.")
 def report(results, fmt, output, force, hardware_name):
     """Render result documents (from taxes profile, taxes model --format json or taxes analyze --format json),
-    verdict first. Several documents: one report after another (one HTML page); --format json writes the
+    verdict first; a taxes analyze document with every table taxes analyze shows. Several documents: one report after another (one HTML page); --format json writes the
     document back with its report, so it takes one."""
     from taxes.io import STDOUT, check_output
     from taxes.reports import render
@@ -536,12 +536,12 @@ def report(results, fmt, output, force, hardware_name):
     if fmt == "json":
         _emit(render.render_json(docs[0]), output, force)
     elif fmt == "md":
-        _emit("\n".join(render.render_markdown(d) for d in docs), output, force)
+        _emit("\n".join(render.render_markdown(d, trace_details=True) for d in docs), output, force)
     elif fmt == "html":
         from taxes.console import progress
 
         with progress("rendering the charts"):
-            page = render.render_html(docs)
+            page = render.render_html(docs, trace_details=True)
         _emit(page, output, force)
     else:
         from taxes.console import say
@@ -553,7 +553,7 @@ def report(results, fmt, output, force, hardware_name):
             for i, d in enumerate(docs):
                 if i:
                     console.print()
-                render.render_terminal(d, console)
+                render.render_terminal(d, console, trace_details=True)
 
         if output and output != STDOUT:
             _emit(_table_text(draw), output, force)

@@ -78,9 +78,10 @@ def test_markdown_report_leads_with_title_marks_and_summary(model_doc):
     for case, row in zip(model_doc["cases"], first_table[1:]):
         e2e = {v["variant"]: v["e2e_us"]["median"] for v in case["variants"]}
         best = min(e2e, key=e2e.get)
-        assert row[1] == best and _number(row[2]) == pytest.approx(e2e[best], abs=0.051) and "(predicted)" in row[2]
+        name, time_us, stat = row[1].split(" ")
+        assert name == best and _number(time_us) == pytest.approx(e2e[best], abs=0.051) and stat == "(predicted)"
         bsp = e2e.get("bsp") or e2e.get("all-bsp")
-        assert float(row[3].rstrip("x")) == pytest.approx(bsp / e2e[best], abs=0.0051)
+        assert float(row[2].split(" / ")[0].rstrip("x")) == pytest.approx(bsp / e2e[best], abs=0.0051)
 
 
 def test_markdown_report_details_per_case(model_doc):
@@ -168,15 +169,17 @@ def test_a_real_document_leads_with_its_verdict(gpu_doc):
     for case in gpu_doc["cases"]:
         iqm = {v["variant"]: _iqm(np.max(np.asarray(v["samples_us"]), axis=0)) for v in case["variants"]}
         best = min(iqm, key=iqm.get)
-        shape = ",".join(f"{k}={v}" for k, v in case["shape"].items())
+        shape = ", ".join(f"{k}={v}" for k, v in case["shape"].items())
         row = next(line for line in summary.splitlines() if shape in line)
         cells = [c.strip() for c in re.split(r"[│┃]", row) if c.strip()]
-        assert cells[1] == best
-        assert _number(cells[2]) == pytest.approx(iqm[best], abs=0.051)
-        assert float(cells[3].rstrip("x")) == pytest.approx(iqm["bsp"] / iqm[best], abs=0.0051)
-        assert float(cells[4].rstrip("x")) == pytest.approx(iqm["bsp-graph"] / iqm[best], abs=0.0051)
+        name, time_us, stat = cells[1].split(" ")
+        assert name == best and stat == "(IQM)"
+        assert _number(time_us) == pytest.approx(iqm[best], abs=0.051)
+        vs_bsp, vs_graph = cells[2].split(" / ")
+        assert float(vs_bsp.rstrip("x")) == pytest.approx(iqm["bsp"] / iqm[best], abs=0.0051)
+        assert float(vs_graph.rstrip("x")) == pytest.approx(iqm["bsp-graph"] / iqm[best], abs=0.0051)
         ideal = next(v for v in case["variants"] if v["variant"] == best)["floor"]["ideal_us"]
-        assert float(cells[5]) == pytest.approx(ideal / iqm[best], abs=0.0051)  # of the floor
+        assert float(cells[3]) == pytest.approx(ideal / iqm[best], abs=0.0051)  # of the floor
 
 
 def test_every_case_table_gives_each_variant_its_fraction_of_the_floor(gpu_doc):
@@ -296,17 +299,18 @@ def test_stacked_bars_label_the_e2e_the_tables_print_and_clip_nothing(emulated_d
     assert_valid_svg(plots.stacked_bars(case, "svg"))
 
 
-def test_negative_rows_hang_below_zero(model_doc):
+def test_negative_rows_hang_below_the_floor(model_doc):
     import matplotlib.pyplot as plt
 
     case = copy.deepcopy(model_doc["cases"][0])
     for c in case["variants"][0]["components"]:
         if c["name"] == "unattributed":
             c["value_us"] = -50.0
+    floor = case["variants"][0]["floor"]["ideal_us"]
     fig = plots.stacked_bars_figure(case)
     ax = fig.axes[0]
     neg = [b for b in ax.patches if b.get_height() < 0]
-    assert len(neg) == 1 and neg[0].get_y() == 0.0 and ax.get_ylim()[0] <= -50.0
+    assert len(neg) == 1 and neg[0].get_y() == pytest.approx(floor) and ax.get_ylim()[0] <= floor - 50.0
     plt.close(fig)
 
 
