@@ -56,7 +56,7 @@ def _append_step_summary(path: str | None, markdown: str) -> None:
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Of the bootstrap resampling.")
 @click.option("--force", is_flag=True, help="Replace an -o file that already exists (without it, that is an error).")
 def compare(paths, variant_pair, fail_above, fmt, output, confidence, seed, force):
-    """Per workload, shape and variant: NEW's median E2E over BASE's, with a bootstrap confidence interval
+    """Per workload, shape and variant: NEW's E2E over BASE's (interquartile means), with a bootstrap confidence interval
     and a rank test, so that noise is not called a regression. Appends a Markdown summary to
     $GITHUB_STEP_SUMMARY when that is set. Exit 0, 1 (a significant slowdown beyond --fail-above) or 2
     (bad usage or input)."""
