@@ -89,3 +89,16 @@ def test_check_refuses_a_model_document_in_one_line(tmp_path, capsys):
     (tmp_path / "x.json").write_text(json.dumps({"nope": 1}))
     code, out, err = run_cli(["check", str(tmp_path / "x.json")], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+def test_check_over_every_committed_document_at_once(capsys):
+    """Defect: `taxes check` over all committed profile documents at once was 'internal error: KeyError'
+    (a document without check rows turned the frames' ok column into integers); each alone was fine. Over
+    every committed result document (model ones among them, skipped with a note) it gives a verdict."""
+    from committed import result_documents
+
+    paths = [str(p) for p in result_documents()]
+    code, out, err = run_cli(["check", *paths], capsys)
+    assert code in (0, 1), err
+    assert "| closure |" in out and "internal error" not in err
+    assert "document(s) that hold no measurement" in err  # the model documents
