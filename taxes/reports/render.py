@@ -4,9 +4,10 @@ Every view reads the same way, verdict first:
 1. a title naming the workload(s) and the machine (GPU names, world), and marks that change how to read
    the numbers: EMULATED (the kernels ran under Triton's interpreter: times mean nothing), PREDICTED (a
    model document), PERTURBED (measuring cost more than 3% of a variant's plain E2E);
-2. the summary: per case the best variant, its E2E, its speed-up against bsp and against bsp-graph, the
-   taxes that matter (bsp's, and what is left in the best variant), and the measurement's checks, failed
-   ones in colour;
+2. the summary, one table even 80 columns wide: per case the best variant with its E2E, its speed-up
+   against bsp and against bsp-graph, its fraction of the floor, its largest costs whatever their kind (a
+   tax, host-bound time, inefficiency, ...), and the measurement's checks, failed ones in colour and listed
+   under it;
 3. the details per case: one E2E per variant, its statistic named (the interquartile mean of the plain
    iterations, `plain_e2e_us`, else `e2e_us.iqm`; a model's prediction), [p10-p90] its spread; measured
    variants add what their rows add up to (`attributed_e2e_us`, the instrumented iterations) and the
@@ -204,17 +205,6 @@ def _costs_text(v: dict | None, most: int = 3) -> str:
     e2e = v.get("attributed_e2e_us") or e2e_of(v)
     big = [(n, x) for n, x in costs(v) if e2e and x >= MATTER_SHARE * e2e][:most]
     return "; ".join(f"{n} {_fmt(x)} ({x / e2e:.0%})" for n, x in big) or "none over 2%"
-
-
-def _taxes_text(v: dict | None) -> str:
-    """The taxes worth naming of a variant: at least MATTER_SHARE of its E2E, largest first."""
-    if v is None:
-        return "-"
-    taxes, e2e = tax_values(v), v.get("attributed_e2e_us") or e2e_of(v)
-    if not taxes:
-        return "rows not available" if not (v.get("attribution") or {}).get("available", True) else "-"
-    big = sorted(((t, x) for t, x in taxes.items() if e2e and x >= MATTER_SHARE * e2e), key=lambda tx: -tx[1])
-    return "; ".join(f"{t} {_fmt(x)} ({x / e2e:.0%})" for t, x in big) or "none over 2%"
 
 
 def checks_by_case(doc: dict):
@@ -661,6 +651,7 @@ def summary(doc: dict) -> dict:
         frame = checks.get((case["workload"], _shape(case)))
         cases.append({k: case[k] for k in ("workload", "shape", "world", "dtype")} | {
             "best_variant": best["variant"] if best else None,
+            "best_largest_costs_us": [{"cost": n, "us": x} for n, x in costs(best)] if best else [],
             "checks_failed": int((~frame["ok"]).sum()) if frame is not None else 0,
             "checks": int(len(frame)) if frame is not None else 0,
             "variants": variants})
