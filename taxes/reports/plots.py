@@ -118,9 +118,10 @@ def e2e_label(v: dict) -> tuple[float | None, str]:
 
 def common_floor(variants: list[dict]) -> float | None:
     """The floor (the ideal row) every variant shares, when it is positive; None otherwise."""
-    ideals = {round(overall_components(v).get("ideal", 0.0), 6) for v in variants}
-    floor = ideals.pop() if len(ideals) == 1 else None
-    return floor if floor and floor > 0 else None
+    ideals = [overall_components(v).get("ideal", 0.0) for v in variants]
+    if not ideals or min(ideals) <= 0 or max(ideals) - min(ideals) > 1e-6 * max(ideals):
+        return None
+    return ideals[0]
 
 
 def stacked_bars_figure(case: dict):
