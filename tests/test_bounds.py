@@ -158,8 +158,9 @@ REFUSED = [
     ("shape-full-width-digits", lambda t: ["model", "ag-gemm", "--shape", "M=\uff11\uff12\uff18"], None, "ASCII digits"),
     ("shape-arabic-indic-digits", lambda t: ["model", "ag-gemm", "--shape", "M=\u0661\u0662\u0668"], None, "ASCII digits"),
     ("sweep-10000-digits", lambda t: ["model", "ag-gemm", "--sweep", "M=1:" + "9" * 10000], None, "too large"),
-    # an emulated run allocated past 10 GiB, or ended in the allocator's internal error
-    ("emulate-past-host-memory", lambda t: ["profile", "ag-gemm", "--emulate", "--shape", "M=262144,N=8192,K=8192"],
+    # an emulated run allocated past 10 GiB, or ended in the allocator's internal error (a shape past any
+    # machine's memory here; the issue's own shape against a machine of 10 GiB below)
+    ("emulate-past-host-memory", lambda t: ["profile", "ag-gemm", "--emulate", "--shape", "M=16M,N=64K,K=64K"],
      None, "of host memory"),
     ("emulate-m-1e12", lambda t: ["profile", "ag-gemm", "--emulate", "--shape", "M=1000000000000"], None, "of host memory"),
     # --timeout-s nan, -5 and inf were taken and crashed the ranks
@@ -314,3 +315,24 @@ def test_signals_to_trace_end_the_programs_children_too(tmp_path, sig):
     assert proc.returncode == (2 if sig == signal.SIGTERM else 130), err
     assert err.strip().splitlines()[-1] in ("taxes: error: stopped by SIGTERM", "taxes: error: interrupted"), err
     assert _gone(int((tmp_path / "child.pid").read_text())), "the program's child outlived taxes trace"
+
+
+def test_an_emulated_run_is_refused_before_it_outgrows_the_machine(monkeypatch):
+    """Defect: `profile --emulate --shape M=262144,N=8192,K=8192` allocated past 10 GiB: on a machine with
+    10 GiB available it is refused in one line, before any rank starts."""
+    from click.testing import CliRunner
+
+    from taxes import preflight, profiling
+    from taxes.cli.main import cli
+
+    def started(*args, **kwargs):
+        raise RuntimeError("the ranks were started")
+
+    monkeypatch.setattr(profiling, "run_profile", started)
+    args = ["profile", "ag-gemm", "--emulate", "--shape", "M=262144,N=8192,K=8192"]
+    monkeypatch.setattr(preflight, "host_available_bytes", lambda: 10 << 30)
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2 and "but this machine has 10.0 GiB available" in res.stderr, res.stderr
+    assert "started" not in res.stderr
+    monkeypatch.setattr(preflight, "host_available_bytes", lambda: 1 << 40)  # where it fits, it runs
+    assert "the ranks were started" in CliRunner().invoke(cli, args).stderr
