@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from taxes.cli.options import SECONDS
 from taxes.errors import TaxesError
 
 
@@ -17,8 +18,6 @@ def _check_options(gpus, output, timeout_s, name, base_name):
 
     if gpus is not None and gpus < 1:
         raise TaxesError(f"--gpus {gpus}: give 1 or more")
-    if timeout_s is not None and not timeout_s > 0:
-        raise TaxesError(f"--timeout-s {timeout_s}: give a positive number of seconds")
     if output:
         from taxes.io import check_output
         from taxes.sanitize import path as shown
@@ -45,7 +44,8 @@ def _check_options(gpus, output, timeout_s, name, base_name):
 @click.option("--peaks", type=click.Choice(("measured", "datasheet")), default="measured", show_default=True,
               help="measured: peaks are the best rates reached here and efficiencies fractions of them (docs/method.md); "
                    "datasheet: the base profile's peaks, efficiencies fractions of those.")
-@click.option("--timeout-s", type=float, default=None, help="Stop the run after this long (default: 300, --quick 150).")
+@click.option("--timeout-s", type=SECONDS, default=None,
+              help="Stop the run after this many seconds (default: 300, --quick 150).")
 def calibrate(gpus, base_name, name, output, quick, peaks, timeout_s):
     """Measure this machine's hardware profile (matrix peak, HBM and link bandwidth, link latency, NCCL's
     curve, launch costs, flag round trip, rank skew) and save it for `taxes model --hardware NAME`."""

@@ -39,21 +39,21 @@ def check_markdown(frame, failing_only: bool = True) -> str:
 def check_cmd(results, hardware_name, show_all, strict, output, force):
     """The method's checks on measured result documents: the rows add up to the E2E above them (0.1%),
     measuring cost at most 3% of plain E2E, unattributed within 5% of E2E, and launch + host_bound of the
-    timeline against the E2E ladder bsp - graph within 20%. Exit 1 when any fails."""
-    import pandas as pd
-
-    from taxes.checks import checks_frame, provenance_problems
+    timeline against the E2E ladder bsp - graph within 20%. Exit 1 when any fails. Documents that hold no
+    measurement (model documents) are skipped with a note; when none is measured, that is an error."""
+    from taxes.checks import all_checks, checks_frame, provenance_problems
+    from taxes.console import say
     from taxes.io import check_output, write_output
     from taxes.results import load
     from taxes.sanitize import path as shown
 
     check_output(output, force)
-    frames, problems = [], []
+    frames, problems, not_measured = [], [], []
     for path in results:
         doc = load(path)
-        if doc["metadata"].get("kind") != "profile":
-            raise TaxesError(f"{shown(path)}: checks need a measured document (taxes profile); this one is a "
-                             f"{doc['metadata'].get('kind')}")
+        if doc["metadata"].get("kind") != "profile":  # a model (predicted) document has nothing to check
+            not_measured.append((path, doc["metadata"].get("kind")))
+            continue
         if hardware_name:
             from taxes.hardware import get_profile
             from taxes.document import reattribute
@@ -61,7 +61,14 @@ def check_cmd(results, hardware_name, show_all, strict, output, force):
             doc = reattribute(doc, get_profile(hardware_name))
         frames.append(checks_frame(doc))
         problems += [f"{shown(path)}: {p}" for p in provenance_problems(doc)]
-    frame = pd.concat(frames, ignore_index=True) if frames else checks_frame({"cases": []})
+    if not_measured and not frames:
+        path, kind = not_measured[0]
+        raise TaxesError(f"{shown(path)}: checks need a measured document (taxes profile); this one is a {kind}"
+                         + (f" (and {len(not_measured) - 1} more like it)" if len(not_measured) > 1 else ""))
+    if not_measured:
+        say(f"taxes check: skipped {len(not_measured)} document(s) that hold no measurement: "
+            + ", ".join(f"{shown(p)} ({k})" for p, k in not_measured[:3]) + (" ..." if len(not_measured) > 3 else ""))
+    frame = all_checks(frames)
     if frame.empty and not strict:
         raise TaxesError("no checks: the documents hold no attributed variants (measured under older rules? "
                          "`taxes report` shows their E2E)")
@@ -73,8 +80,6 @@ def check_cmd(results, hardware_name, show_all, strict, output, force):
     write_output(output, text, force)
     failed = int((~frame["ok"]).sum()) if not frame.empty else 0
     if failed or (strict and problems):
-        from taxes.console import say
-
         say(f"taxes check: {failed} failing check row{'s' if failed != 1 else ''}"
             + (f", {len(problems)} strict problem{'s' if len(problems) != 1 else ''}" if strict and problems else ""))
         raise SystemExit(1)

@@ -12,17 +12,32 @@ from taxes.errors import TaxesError
 COMPARE_FORMATS = ("table", "md", "junit", "json", "benchmark-json")
 
 
-def _append_step_summary(markdown: str) -> None:
-    """GitHub Actions shows what a step appends to $GITHUB_STEP_SUMMARY on the run's page."""
+def _step_summary_path() -> str | None:
+    """$GITHUB_STEP_SUMMARY when set: GitHub Actions shows what a step appends there on the run's page.
+    Checked before any work: a FIFO, device or directory there is refused in one line (taxes.io)."""
+    from taxes.io import existing_kind
+    from taxes.sanitize import path as shown
+
     path = os.environ.get("GITHUB_STEP_SUMMARY")
     if not path:
+        return None
+    what = existing_kind(path)
+    if what not in (None, "file"):
+        raise TaxesError(f"GITHUB_STEP_SUMMARY {shown(path)}: {what}, not a regular file; point it at a file "
+                         "(or set it empty to skip the summary)")
+    return path
+
+
+def _append_step_summary(path: str | None, markdown: str) -> None:
+    if not path:
         return
+    from taxes.io import open_regular
+    from taxes.sanitize import path as shown
+
     try:
-        with open(path, "a", encoding="utf-8") as f:
+        with open_regular(path, append=True) as f:
             f.write(markdown + "\n")  # one write: the summary gets the whole section or nothing
     except OSError as e:
-        from taxes.sanitize import path as shown
-
         raise TaxesError(f"GITHUB_STEP_SUMMARY {shown(path)}: cannot append to it ({e.strerror or e})") from None
 
 
@@ -41,7 +56,7 @@ def _append_step_summary(markdown: str) -> None:
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Of the bootstrap resampling.")
 @click.option("--force", is_flag=True, help="Replace an -o file that already exists (without it, that is an error).")
 def compare(paths, variant_pair, fail_above, fmt, output, confidence, seed, force):
-    """Per workload, shape and variant: NEW's median E2E over BASE's, with a bootstrap confidence interval
+    """Per workload, shape and variant: NEW's E2E over BASE's (interquartile means), with a bootstrap confidence interval
     and a rank test, so that noise is not called a regression. Appends a Markdown summary to
     $GITHUB_STEP_SUMMARY when that is set. Exit 0, 1 (a significant slowdown beyond --fail-above) or 2
     (bad usage or input)."""
@@ -60,6 +75,7 @@ def compare(paths, variant_pair, fail_above, fmt, output, confidence, seed, forc
     if len(paths) == 1 and pair[0] == pair[1]:
         raise TaxesError(f"--variants {variant_pair}: name two different variants to compare within one document")
     check_output(output, force)  # before any work; the writer checks again
+    step_summary = _step_summary_path()
 
     base = load(paths[0])
     new = load(paths[1]) if len(paths) == 2 else base
@@ -82,7 +98,7 @@ def compare(paths, variant_pair, fail_above, fmt, output, confidence, seed, forc
         write_output(output, render_text(lambda c: cmp.render_terminal(df, c)), force)
     else:
         cmp.render_terminal(df, stdout_console())
-    _append_step_summary(cmp.render_markdown(df))
+    _append_step_summary(step_summary, cmp.render_markdown(df))
 
     bad = cmp.regressions(df)
     if fail_above is not None and len(bad):

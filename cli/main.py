@@ -49,6 +49,63 @@ def _install_signal_handlers() -> None:
             signal.signal(sig, on_signal)
 
 
+class ClosedStream:
+    """Standard output as Python finds it when the command was started with that descriptor closed
+    (`taxes model ... >&-`: sys.stdout is None): every write is the OSError a closed descriptor gives
+    (EBADF), so the one error path says so in one line, and a command that writes only to -o FILE works.
+    A closed stderr (or stdin) drops what is written: it carries messages only, never data."""
+
+    def __init__(self, name: str, discard: bool = False):
+        self.name, self.discard = name, discard
+
+    def write(self, data) -> int:
+        if self.discard:
+            return len(data)
+        import errno
+
+        raise OSError(errno.EBADF, f"{self.name} is closed")
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:  # nothing was written, so nothing is lost
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def buffer(self):
+        return self
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+
+def _reserve_standard_streams() -> None:
+    """A closed standard descriptor (0, 1 or 2) is held by /dev/null, so that no file taxes opens takes its
+    number (and nothing meant for the terminal lands in a document), and its Python stream becomes a
+    ClosedStream."""
+    for fd, name, title in ((0, "stdin", "standard input"), (1, "stdout", "standard output"),
+                            (2, "stderr", "standard error")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        try:
+            held = os.open(os.devnull, os.O_RDWR)
+            if held != fd:
+                os.dup2(held, fd)
+                os.close(held)
+        except OSError:
+            pass
+        if getattr(sys, name) is None:
+            setattr(sys, name, ClosedStream(title, discard=fd != 1))
+
+
 class _Passed(BaseException):
     """An OSError or EOFError from a command, carried past click (which would turn a broken pipe into
     exit 1 and let other OSErrors escape as tracebacks) to the one error path below."""
@@ -72,6 +129,7 @@ class TaxesGroup(click.Group):
             return super().main(args=args, prog_name=prog_name or "taxes", complete_var=complete_var or COMPLETE_VAR,
                                 standalone_mode=True, **extra)
         args = list(sys.argv[1:] if args is None else args)
+        _reserve_standard_streams()
         _install_signal_handlers()
         code = 0
         try:
@@ -447,7 +505,7 @@ def hardware_show(name, fmt):
               help="Re-attribute a profile with this hardware profile (e.g. a later calibration); measured times stay.")
 def report(results, fmt, output, force, hardware_name):
     """Render result documents (from taxes profile, taxes model --format json or taxes analyze --format json),
-    verdict first. Several documents: one report after another (one HTML page); --format json writes the
+    verdict first; a taxes analyze document with every table taxes analyze shows. Several documents: one report after another (one HTML page); --format json writes the
     document back with its report, so it takes one."""
     from taxes.io import STDOUT, check_output
     from taxes.reports import render
@@ -478,12 +536,12 @@ def report(results, fmt, output, force, hardware_name):
     if fmt == "json":
         _emit(render.render_json(docs[0]), output, force)
     elif fmt == "md":
-        _emit("\n".join(render.render_markdown(d) for d in docs), output, force)
+        _emit("\n".join(render.render_markdown(d, trace_details=True) for d in docs), output, force)
     elif fmt == "html":
         from taxes.console import progress
 
         with progress("rendering the charts"):
-            page = render.render_html(docs)
+            page = render.render_html(docs, trace_details=True)
         _emit(page, output, force)
     else:
         from taxes.console import say
@@ -495,7 +553,7 @@ def report(results, fmt, output, force, hardware_name):
             for i, d in enumerate(docs):
                 if i:
                     console.print()
-                render.render_terminal(d, console)
+                render.render_terminal(d, console, trace_details=True)
 
         if output and output != STDOUT:
             _emit(_table_text(draw), output, force)

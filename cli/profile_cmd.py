@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from taxes.cli.options import SECONDS
 from taxes.errors import TaxesError
 
 
@@ -133,6 +134,18 @@ def emulation_config_for(workload: str, shapes: list[dict], world: int) -> dict:
     return {k: min(c[k] for c in configs) for k in configs[0]}
 
 
+def _check_emulated_memory(job) -> None:
+    """Before an emulated run: its ranks' buffers and shared arenas fit this machine's memory, for the
+    largest case (the arenas are sized for it; each rank holds one case at a time)."""
+    from taxes.preflight import check_host_memory
+    from taxes.profiling import bytes_for_case, heap_bytes
+    from taxes.workloads import make_workload
+
+    cases = [make_workload(job.workload, s, job.world, job.dtype) for s in job.shapes]
+    need = max(job.world * (heap_bytes(w) + bytes_for_case(w, job.variants, 1)) for w in cases)
+    check_host_memory(need, ranks=job.world)
+
+
 def _emulation_cost_note(workload: str, shapes: list[dict], world: int) -> str | None:
     """A warning when a shape is large for the interpreter (it runs each tile as numpy on the CPU)."""
     from taxes.workloads import DEFAULT_SHAPES
@@ -181,7 +194,7 @@ def _complete_workload(ctx, param, incomplete):
               "exit skew its own row), aligned (the devices also leave an all-reduce together), ahead (the host "
               "queues the whole iteration behind a spin kernel first: what a model's layer sees)")
 @click.option("--wait-s", type=float, default=5.0, show_default=True, help="budget of every in-kernel wait")
-@click.option("--timeout-s", type=float, default=600.0, show_default=True, help="the whole run's time limit")
+@click.option("--timeout-s", type=SECONDS, default=600.0, show_default=True, help="the whole run's time limit")
 @click.option("--config", "config_text", default="", help="fused kernels' configuration overrides, e.g. block_n=128,copiers=16")
 @click.option("-o", "--output", default=None, help="result document path, or a directory to add a new one to "
               "(written whole or not at all; regular files only)")
@@ -219,6 +232,7 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, 
         tiles = emulation_config_for(workload, job.shapes, gpus)
         job = plan(workload, job.shapes, gpus, chosen, dtype, iters, warmup, emulate, wait_s, True,
                    tiles | config, rounds, clock, start)  # tiles that fit the shape; the user's --config wins
+        _check_emulated_memory(job)
         note = _emulation_cost_note(workload, job.shapes, gpus)
         if note:
             say(note)
@@ -463,7 +477,7 @@ def _gpu_name() -> str:
 @click.option("--emulate", is_flag=True)
 @click.option("--from", "from_docs", multiple=True, help="validate existing result documents instead of running")
 @click.option("-o", "--output", default=None, help="directory for the result documents and validation.json")
-@click.option("--timeout-s", type=float, default=560.0, show_default=True)
+@click.option("--timeout-s", type=SECONDS, default=560.0, show_default=True)
 @click.option("--planted", is_flag=True, help="known answers instead: run workloads with taxes planted on purpose "
               "and check the attribution recovers each (rows to reports/known_answer/GPU-xWORLD.json, or -o FILE)")
 @click.option("--clock", type=click.Choice(["auto", "cupti", "torch.profiler"]), default="auto", show_default=True)
@@ -471,8 +485,9 @@ def _gpu_name() -> str:
 @click.option("--each-calibration", default=None, metavar="DIR",
               help="with --from: also the E2E error with every calibrated profile in DIR (its spread)")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--force", is_flag=True, help="replace DIR/validation.json when it exists (without it, that is an error)")
 def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, output, timeout_s, planted, clock, records,
-                 each_calibration, fmt):
+                 each_calibration, fmt, force):
     """Predicted against measured E2E and taxes over a grid of shapes: signed error per case, then MAPE.
     With --planted: the attribution against taxes of known size."""
     import json
@@ -501,6 +516,8 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
 
     if output and os.path.exists(output) and not os.path.isdir(output):
         raise TaxesError(f"-o {_shown(output)}: validate writes a directory (result documents and validation.json)")
+    if output and os.path.isdir(output):
+        check_output(os.path.join(output, "validation.json"), force, "-o")  # before any work
     if not from_docs and not emulate and surely_no_gpu():
         raise TaxesError(NO_GPU.replace("profile:", "validate:") + "; or --from RESULT.json to validate measured documents")
     from taxes.document import reattribute
@@ -509,7 +526,7 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
 
     if from_docs:
         hw = get_profile(hardware_name or _named_profile(from_docs))
-    docs = [reattribute(load(p), hw) for p in from_docs]  # the same measurements, floors from this profile
+    docs = [reattribute(_measured(p), hw) for p in from_docs]  # the same measurements, floors from this profile
     if not docs:
         from taxes.profiling import profile
 
@@ -544,10 +561,26 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
         os.makedirs(output, exist_ok=True)
         path = os.path.join(output, "validation.json")
         try:
-            write_atomic(path, json.dumps(summary, indent=1, allow_nan=False) + "\n")
+            write_atomic(path, json.dumps(summary, indent=1, allow_nan=False) + "\n", overwrite=force)
         except OSError as e:
             raise write_error(path, e) from None
         announce_written(path)
+
+
+def _measured(path: str) -> dict:
+    """A document `validate --from` can judge the model by: one that holds measurements of a workload (not
+    the model's own predictions, which would agree with themselves)."""
+    from taxes.results import TRACE_WORKLOAD, load
+
+    doc = load(path)
+    kind = doc["metadata"].get("kind")
+    if kind != "profile":
+        raise TaxesError(f"--from {_shown(path)}: a {kind} document holds predictions, not measurements; give "
+                         "documents from taxes profile")
+    if any(c["workload"] == TRACE_WORKLOAD for c in doc["cases"]):
+        raise TaxesError(f"--from {_shown(path)}: made from traces (taxes analyze): no workload shape for the model "
+                         "to predict; give documents from taxes profile")
+    return doc
 
 
 def _named_profile(paths) -> str:

@@ -8,6 +8,7 @@ import os
 
 import click
 
+from taxes.cli.options import SECONDS
 from taxes.errors import TaxesError
 from taxes.trace import RECORDS
 
@@ -31,7 +32,8 @@ from taxes.trace import RECORDS
               help="full: CPU ops, shapes, memory and tensors (locality), at a host cost per op; timing: CUDA "
                    "activity only, for programs whose host is the bottleneck (no op names, no locality).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "md", "html"]), default="table", show_default=True)
-@click.option("--timeout-s", type=float, default=None, help="Stop the program after this long.")
+@click.option("--timeout-s", type=SECONDS, default=None,
+              help="Stop the program, and every process it started, after this many seconds.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def trace(ctx, out_dir, steps, plain_steps, block, skip, signal, hardware_name, record, fmt, timeout_s, command):

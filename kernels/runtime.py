@@ -16,7 +16,8 @@ Two backends give the arenas:
 
 `launch(fn, world, backend=...)` starts one process per rank, runs fn(ctx) in each, and returns the
 ranks' results. It never waits forever: a rank that raises, dies or overruns its time budget ends the
-whole run with one RankError line naming the rank and what it was doing (its last `ctx.doing(...)`).
+whole run with one RankError line naming the rank and what it was doing (its last `ctx.doing(...)`); a
+rank still running at the deadline writes its threads' stacks to a file, which that line names.
 Ranks never outlive the launcher: every exit path (error, Ctrl-C, the launcher itself killed) stops and
 reaps them, so no orphan keeps a GPU. Under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set) with the cuda
 backend, `launch` runs fn in the calling process as that rank instead (see `launch`).
@@ -28,11 +29,14 @@ import os
 import queue
 import signal
 import socket
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
 
 import torch
+
+from taxes.errors import TaxesError
 
 # Multicast objects can take a shared host's GPUs down: keep them off in every process we start.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -44,8 +48,9 @@ REAP_GRACE_S = 5.0  # how long a rank gets to exit after SIGTERM before SIGKILL
 ALIGN = 256  # bytes; TMA wants 16, 256 keeps every buffer on its own cache lines
 
 
-class RankError(RuntimeError):
-    """A rank failed; the message is one line naming the rank and what it was doing."""
+class RankError(TaxesError, RuntimeError):
+    """A rank failed; the message is one line naming the rank and what it was doing (the command line shows
+    it as such, exit 2)."""
 
 
 def replay_graph(graphs: dict, key, run) -> None:
@@ -222,8 +227,12 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+STACKS_SIGNAL = signal.SIGUSR1  # the launcher's request to a late rank: write your threads' stacks
+STACKS_WAIT_S = 2.0  # how long the launcher waits for the late ranks' stacks before stopping them
+
+
 def _rank_main(rank, world, backend, fn, args, results, doing, port, arenas, barrier, scratch, heap_bytes, timeout_s,
-               parent_pid):
+               parent_pid, stacks_dir):
     import faulthandler
 
     _die_with_parent(parent_pid)
@@ -233,8 +242,11 @@ def _rank_main(rank, world, backend, fn, args, results, doing, port, arenas, bar
     os.environ.update(SAFE_ENV)
     for k, v in NCCL_DEFAULTS.items():
         os.environ.setdefault(k, v)
-    # If this rank is still running near the launcher's deadline, show where it is stuck.
-    faulthandler.dump_traceback_later(max(0.9 * timeout_s, timeout_s - 20), exit=False)
+    # If this rank is still running at the launcher's deadline, the launcher asks (STACKS_SIGNAL) where it is
+    # stuck: the answer goes to a file of its own (the launcher gathers them and names the result), never to
+    # the terminal. faulthandler writes it from the signal handler, in C, even while the rank is inside C code.
+    stacks = open(os.path.join(stacks_dir, f"rank{rank}.txt"), "w")
+    faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True)
     try:
         if backend == "cuda":
             ctx = _cuda_context(rank, world, rank, heap_bytes, timeout_s, f"tcp://127.0.0.1:{port}")
@@ -249,7 +261,8 @@ def _rank_main(rank, world, backend, fn, args, results, doing, port, arenas, bar
         tb = traceback.format_exc(limit=-8)
         results.put((rank, "error", _one_line(e), tb))
     finally:
-        faulthandler.cancel_dump_traceback_later()
+        faulthandler.unregister(STACKS_SIGNAL)
+        stacks.close()
         if backend == "cuda":
             _end_process_group()
 
@@ -330,8 +343,9 @@ def _launch_processes(fn, world, args, backend, heap_bytes, timeout_s):
     results = ctx_mp.Queue()
     doing = _SharedText(ctx_mp, world)
     port = _free_port()
+    stacks_dir = tempfile.mkdtemp(prefix="taxes-ranks-")
     procs = [ctx_mp.Process(target=_rank_main, args=(r, world, backend, fn, args, results, doing, port, arenas, barrier,
-                                                     scratch, heap_bytes, timeout_s, os.getpid()), daemon=True)
+                                                     scratch, heap_bytes, timeout_s, os.getpid(), stacks_dir), daemon=True)
              for r in range(world)]
     out: dict[int, object] = {}
     errors: dict[int, str] = {}  # rank -> its one-line error, in order of arrival
@@ -377,11 +391,57 @@ def _launch_processes(fn, world, args, backend, heap_bytes, timeout_s):
                 raise RankError(f"rank {r} failed while {doing.get(r, 'starting')}: {line}")
             if time.monotonic() > deadline:
                 late = [r for r in range(world) if r not in out]
-                raise RankError(f"rank {late[0]} did not finish within {timeout_s:.0f} s (it was {doing.get(late[0], 'starting')}); "
-                                f"the ranks were stopped")
+                stacks = gather_stacks(stacks_dir, {r: procs[r] for r in late})
+                raise RankError(f"rank {late[0]} did not finish within {timeout_s:g} s (it was {doing.get(late[0], 'starting')}); "
+                                f"the ranks were stopped" + (f"; their stacks: {stacks}" if stacks else ""))
     finally:
         _reap(procs)
+        _remove_tree(stacks_dir)
     return [out[r] for r in range(world)]
+
+
+def gather_stacks(stacks_dir: str, late: dict) -> str | None:
+    """Ask each late rank ({rank: process}) for its threads' stacks (STACKS_SIGNAL: each writes its own file
+    in stacks_dir), wait up to STACKS_WAIT_S for them, and put them in one file, each under its rank's
+    heading, in the system's temporary directory. Its path, or None when no rank answered."""
+    for p in late.values():
+        try:
+            os.kill(p.pid, STACKS_SIGNAL)
+        except (ProcessLookupError, TypeError):  # exited meanwhile, or never started
+            pass
+    files = {r: os.path.join(stacks_dir, f"rank{r}.txt") for r in late}
+    deadline = time.monotonic() + STACKS_WAIT_S
+    while time.monotonic() < deadline and not all(_size(f) for f in files.values()):
+        time.sleep(0.05)
+    time.sleep(0.1)  # a dump is written line by line: let the last lines land
+    parts = []
+    for r, path in files.items():
+        try:
+            with open(path, errors="replace") as f:
+                text = f.read(1 << 20)  # a stack dump is a few kB; never hold more
+        except OSError:
+            continue
+        if text.strip():
+            parts.append(f"rank {r}: its threads' stacks at the deadline (most recent call first)\n{text}")
+    if not parts:
+        return None
+    fd, path = tempfile.mkstemp(prefix="taxes-stacks-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(parts))
+    return path
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _exit_text(code: int) -> str:

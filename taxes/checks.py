@@ -150,9 +150,18 @@ def ladder_cause(pair: dict) -> str:
 
 
 def checks_frame(doc: dict) -> pd.DataFrame:
-    """Every check of every case, one row each (COLUMNS)."""
+    """Every check of every case, one row each (COLUMNS); `ok` is boolean even when there are no rows, so
+    frames of several documents concatenate into one whose `ok` still negates as booleans."""
     rows = [row for case in doc["cases"] for row in case_checks(case)]
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return pd.DataFrame(rows, columns=COLUMNS).astype({"ok": bool})
+
+
+def all_checks(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The checks of several documents as one frame (COLUMNS, `ok` boolean)."""
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return checks_frame({"cases": []})
+    return pd.concat(frames, ignore_index=True).astype({"ok": bool})
 
 
 def checks_summary(frame: pd.DataFrame) -> pd.DataFrame:

@@ -87,12 +87,17 @@ def _cell_width(s: str) -> int:
 
 def print_table(console, title: str | None, header: list[str], rows: list[list[str]], *, left: int = 1,
                 row_styles: list[str | None] | None = None, cell_styles: dict | None = None,
-                caption: str | None = None, text_columns: tuple[int, ...] = ()) -> None:
+                caption: str | None = None, text_columns: tuple[int, ...] = (), fold: bool = True) -> None:
     """A table whose cells are never cut: folded into several tables (each repeating the first `left`
-    columns) when it is wider than the console. The first `left` columns and text_columns are
+    columns) when it is wider than the console; fold=False keeps it one table whose cells wrap onto more
+    lines instead (a summary read across its row). The first `left` columns and text_columns are
     left-aligned text, the others right-aligned (numbers). cell_styles: {(row, column): style}."""
     header = [printable(h) for h in header]
     rows = [[printable(c) for c in r] for r in rows]
+    if not fold:
+        _one_table(console, title, header, rows, list(range(len(header))), min(left, len(header)), row_styles,
+                   cell_styles, caption, None, text_columns, widths=_fitted_widths(header, rows, console.width - 1))
+        return
     widths = [max([_cell_width(h)] + [_cell_width(r[i]) for r in rows if i < len(r)]) + 3
               for i, h in enumerate(header)]  # + padding and the border
     limit = max(20, console.width - 1)
@@ -113,8 +118,30 @@ def print_table(console, title: str | None, header: list[str], rows: list[list[s
                    [min(widths[i] - 3, max(8, limit // (3 * len(keys)))) for i in keys], text_columns)
 
 
+def _fitted_widths(header: list[str], rows: list[list[str]], limit: int) -> list[int]:
+    """Column widths for one table within `limit` characters (3 of border and padding per column): every
+    column its natural width when they all fit; else each at least its longest word (so text wraps between
+    words), and the room left shared in proportion to what each still lacks. Where even the longest words
+    do not fit together, the widest give way (their words fold)."""
+    cells = [[h] + [r[i] for r in rows if i < len(r)] for i, h in enumerate(header)]
+    natural = [max(_cell_width(x) for x in col) for col in cells]
+    room = limit - 3 * len(header) - 1
+    if sum(natural) <= room:
+        return natural
+    words = [max([_cell_width(w) for x in col for w in x.split()] or [1]) for col in cells]
+    while sum(words) > room and max(words) > 4:
+        words[words.index(max(words))] -= 1
+    spare = max(0, room - sum(words))
+    lack = [n - w for n, w in zip(natural, words)]
+    total = sum(lack) or 1
+    widths = [w + spare * x // total for w, x in zip(words, lack)]
+    for i in sorted(range(len(widths)), key=lambda i: -lack[i])[:room - sum(widths)]:  # what rounding left over
+        widths[i] += 1
+    return widths
+
+
 def _one_table(console, title, header, rows, cols, n_keys, row_styles, cell_styles, caption, key_min,
-               text_columns) -> None:
+               text_columns, widths: list[int] | None = None) -> None:
     from rich.table import Table
     from rich.text import Text
 
@@ -123,7 +150,7 @@ def _one_table(console, title, header, rows, cols, n_keys, row_styles, cell_styl
     for i in cols:
         # a cell wraps (at spaces first) only when one column is wider than the whole console
         t.add_column(Text(header[i]), justify="left" if i < n_keys or i in text_columns else "right", overflow="fold",
-                     min_width=key_min[i] if i < n_keys else None)
+                     min_width=key_min[i] if key_min and i < n_keys else None, width=widths[i] if widths else None)
     for r, row in enumerate(rows):
         cells = []
         for i in cols:

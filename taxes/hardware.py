@@ -24,6 +24,10 @@ PROFILE_VERSION = 1
 LAUNCHERS = ("torch", "triton", "triton_tma", "nccl", "graph")
 COMBINE_KEYS = ("base", "per_set")
 MAX_PROFILE_BYTES = 16 * 1024 * 1024  # a profile with calibration curves is tens of KiB; refuse more than this
+# The slowest rates a profile may state: far below any GPU's, yet high enough that a time divided by them
+# stays a finite number of microseconds (1e-308 GB/s would price a GEMM at infinity).
+MIN_GBPS = 0.1
+MIN_TFLOPS = 0.01
 
 
 @dataclass(frozen=True)
@@ -376,13 +380,14 @@ def profile_from_dict(d: dict, origin: str = "profile") -> HardwareProfile:
     if values["sm_count"] < 1 or int(values["sm_count"]) != values["sm_count"]:
         raise _bad(origin, "sm_count must be a positive whole number")
     for name in ("hbm_gbps", "peer_link_gbps", "injection_gbps"):
-        if values[name] <= 0:
-            raise _bad(origin, f"{name} must be positive")
+        if values[name] < MIN_GBPS:
+            raise _bad(origin, f"{name}={_short(values[name])} is too slow for a GPU's memory or link: at least "
+                               f"{MIN_GBPS:g} GB/s")
     tf = d["matrix_tflops"]
     if not isinstance(tf, dict) or not tf or not all(
-        isinstance(k, str) and k.isprintable() and len(k) <= 40 and _finite(v) and v > 0 for k, v in tf.items()
+        isinstance(k, str) and k.isprintable() and len(k) <= 40 and _finite(v) and v >= MIN_TFLOPS for k, v in tf.items()
     ):
-        raise _bad(origin, "matrix_tflops must map dtype names to positive numbers (at most 1e9)")
+        raise _bad(origin, f"matrix_tflops must map dtype names to numbers from {MIN_TFLOPS:g} to 1e9 (TFLOP/s)")
     extra = d.get("extra", {})
     if not isinstance(extra, dict):
         raise _bad(origin, "extra must be an object")
@@ -417,13 +422,17 @@ def profile_to_dict(profile: HardwareProfile) -> dict:
 
 def load_profile_file(path: str | Path) -> HardwareProfile:
     """Read and validate a profile JSON file (at most MAX_PROFILE_BYTES, UTF-8, no NaN/Infinity)."""
+    from taxes.io import NotARegularFile, open_regular
+
     path = Path(path)
     origin = f"hardware profile {path}"
     try:
         if path.is_dir():
             raise _bad(origin, "cannot read it (a directory, not a profile file)")
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO or a device is refused, never read
             raw = f.read(MAX_PROFILE_BYTES + 1)
+    except NotARegularFile as e:
+        raise _bad(origin, f"{e.strerror}; a hardware profile is a regular file") from None
     except OSError as e:
         raise _bad(origin, f"cannot read it ({e.strerror or e})") from None
     if len(raw) > MAX_PROFILE_BYTES:

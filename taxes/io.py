@@ -1,4 +1,5 @@
-"""Every file taxes writes goes through here: `-o PATH`, `--plot PATH`, result documents, profiles.
+"""Every file taxes writes goes through here: `-o PATH`, `--plot PATH`, result documents, profiles; and the
+one way taxes opens a file the user names as input (open_regular).
 
 - Only regular files are written. A PATH that names a directory, a device (/dev/full, /dev/null), a FIFO, a
   socket, or a symbolic link to one of those is refused before any work, and again just before the new
@@ -9,7 +10,12 @@
   name is short and fixed in length, so any name that fits the file system (up to NAME_MAX) can be written.
 - Without force an existing file is kept: the check is made before the work, and the publish itself never
   replaces (a hard link fails on an existing name), so two runs cannot clobber each other either.
+- A PATH that ends in a separator (`-o newdir/`) names a directory, never a file called `newdir`.
 - A failure is one TaxesError line naming the path, printable (taxes.sanitize).
+
+Inputs (documents, hardware profiles) and files appended to (`$GITHUB_STEP_SUMMARY`) are opened with
+open_regular: a FIFO, a device (/dev/zero), a socket or a directory is refused before a byte is read or
+written, so nothing blocks on a FIFO nobody writes and nothing reads an endless device.
 """
 
 from __future__ import annotations
@@ -65,6 +71,33 @@ def refuse_non_regular(path: str | Path) -> None:
         raise NotARegularFile(errno.EINVAL, f"{what}, not a regular file; taxes writes only regular files", str(path))
 
 
+def names_a_directory(path: str | Path) -> bool:
+    """`newdir/` (or `newdir/.`): the user named a directory, whatever is there."""
+    text = os.fspath(path)
+    return text.endswith((os.sep, "/", os.sep + ".", "/."))
+
+
+def open_regular(path: str | Path, append: bool = False):
+    """A regular file the user named, opened for reading in binary (append: for appending text, created
+    when missing). Anything else (a FIFO, a device, a socket, a directory, or a link to one) raises
+    NotARegularFile before a byte is read or written: the file is opened without blocking and judged by
+    what the open descriptor is, so nothing swapped in between a check and the open gets through."""
+    what = existing_kind(path)
+    if what not in (None, "file"):
+        raise NotARegularFile(errno.EINVAL, f"{what}, not a regular file", str(path))
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT) if append else os.O_RDONLY
+    fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        kind = _kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise NotARegularFile(errno.EINVAL, f"{kind}, not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "a" if append else "rb", **({"encoding": "utf-8"} if append else {}))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def check_output(path: str | None, force: bool, what: str = "") -> None:
     """Before any work: `path` can be written (stdout, or a regular file in an existing directory, new
     or --force). One TaxesError line otherwise."""
@@ -73,6 +106,8 @@ def check_output(path: str | None, force: bool, what: str = "") -> None:
     label = f"{what} {shown(path)}".strip()
     if not str(path):
         raise TaxesError(f"{what or 'output'}: an empty file name".strip())
+    if names_a_directory(path) and not os.path.isdir(path):
+        raise TaxesError(f"{label}: names a directory (it ends in '/'), and there is none; name a file")
     try:
         refuse_non_regular(path)
     except NotARegularFile as e:
@@ -87,6 +122,8 @@ def check_output(path: str | None, force: bool, what: str = "") -> None:
 def write_atomic(path: str | Path, data: str | bytes, overwrite: bool = True) -> None:
     """Write a regular file atomically (see the module docstring). Raises OSError: FileExistsError when
     overwrite is False and the name is taken, NotARegularFile for a device, FIFO, directory, ..."""
+    if names_a_directory(path):  # Path() would drop the '/' and write a file of the directory's name
+        raise NotARegularFile(errno.EISDIR, "names a directory (it ends in '/'), not a file", os.fspath(path))
     path = Path(path)
     refuse_non_regular(path)
     if not overwrite and os.path.lexists(path):

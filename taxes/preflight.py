@@ -9,6 +9,7 @@ machine) and raises one TaxesError line saying what is wrong and what to do; `gp
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from taxes.errors import TaxesError
@@ -104,6 +105,42 @@ def check_memory(bytes_needed_per_gpu: float, device_index: int = 0, free_total:
         raise TaxesError(f"{what} needs {need / GIB:.1f} GiB per GPU ({bytes_needed_per_gpu / GIB:.1f} GiB of buffers + "
                          f"{reserve_bytes / GIB:.1f} GiB reserve) but GPU {device_index} has {free / GIB:.1f} GiB free "
                          f"of {total / GIB:.1f} GiB: use a smaller shape or fewer input sets")
+
+
+HOST_RESERVE_BYTES = 512 << 20  # per emulated rank besides its buffers: the interpreter, torch, Triton, numpy's temporaries
+
+
+def host_available_bytes() -> int | None:
+    """Memory this machine can give a new run now: MemAvailable (Linux: free memory and what the page cache
+    would give back), else the free physical pages; None when neither is known."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f.read(1 << 16).decode("ascii", "replace").splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_host_memory(bytes_needed: float, available: int | None = None, what: str = "this emulated run",
+                      ranks: int = 1) -> None:
+    """Refuse a run on CPU ranks that would not fit in this machine's available memory (with
+    HOST_RESERVE_BYTES per rank), before anything is allocated: past it the machine swaps or the kernel's
+    out-of-memory killer picks a process, perhaps not ours. bytes_needed: every rank's buffers together."""
+    if not math.isfinite(bytes_needed) or bytes_needed < 0:
+        raise TaxesError(f"{what}: memory estimate {bytes_needed!r} is not a byte count")
+    available = host_available_bytes() if available is None else available
+    if available is None:
+        return
+    need = bytes_needed + ranks * HOST_RESERVE_BYTES
+    if need > available:
+        raise TaxesError(f"{what} needs {need / GIB:,.1f} GiB of host memory ({bytes_needed / GIB:,.1f} GiB of buffers "
+                         f"for {ranks} rank(s) + {ranks * HOST_RESERVE_BYTES / GIB:.1f} GiB reserve) but this machine has "
+                         f"{available / GIB:,.1f} GiB available: use a smaller shape")
 
 
 # ---- estimates ------------------------------------------------------------------------------------

@@ -341,12 +341,14 @@ class BrokenGzip(ValueError):
 def read_maybe_gzip(path: str | Path, limit: int) -> bytes:
     """The file's bytes, decompressed when it is gzip (by its magic number, whatever its name), at most
     limit + 1 of them, so a caller can refuse more and a gzip bomb stops there. OSError as open and read
-    raise it; BrokenGzip for a truncated or corrupt gzip stream. (Result documents and taxes analyze's
+    raise it (taxes.io.NotARegularFile for a FIFO, device, socket or directory); BrokenGzip for a truncated or corrupt gzip stream. (Result documents and taxes analyze's
     traces both read through here.)"""
     import gzip
     import zlib
 
-    with open(path, "rb") as f:
+    from taxes.io import open_regular
+
+    with open_regular(path) as f:  # a FIFO or a device is refused, never read (NotARegularFile)
         gz = f.read(2) == b"\x1f\x8b"
         f.seek(0)
         if not gz:
@@ -360,6 +362,8 @@ def read_maybe_gzip(path: str | Path, limit: int) -> bytes:
 
 def load(path: str | Path) -> dict:
     """Read and validate a result document file (at most MAX_BYTES, UTF-8; gzip-compressed or not)."""
+    from taxes.io import NotARegularFile
+
     path = Path(path)
     try:
         if path.is_dir():
@@ -369,6 +373,8 @@ def load(path: str | Path) -> dict:
         raw = read_maybe_gzip(path, MAX_BYTES)  # a file that grew since stat(), or a gzip bomb, is still bounded
     except BrokenGzip as e:
         raise TaxesError(one_line(f"{path}: not a result document (a broken gzip file: {e})")) from None
+    except NotARegularFile as e:
+        raise TaxesError(one_line(f"{path}: {e.strerror}; a result document is a regular file")) from None
     except OSError as e:
         raise TaxesError(one_line(f"{path}: cannot read it ({e.strerror or e})")) from None
     if len(raw) > MAX_BYTES:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from signal import SIGINT, SIGKILL, SIGTERM
 
 from taxes.errors import TaxesError
 
@@ -72,12 +73,7 @@ def run(command: list[str], out_dir: str, steps: int = 5, plain: int = 5, skip: 
         env.update(TAXES_TRACE_DIR=str(out.resolve()), TAXES_TRACE_STEPS=str(steps), TAXES_TRACE_PLAIN=str(plain),
                    TAXES_TRACE_SKIP=str(skip), TAXES_TRACE_STEP=signal, TAXES_TRACE_RECORD=record,
                    TAXES_TRACE_BLOCK=str(block))
-        try:
-            proc = subprocess.run(command, env=env, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise TaxesError(f"trace: the program ran past --timeout-s {timeout_s:g}") from None
-        except OSError as e:
-            raise TaxesError(f"trace: cannot run {command[0]!r}: {e.strerror or e}") from None
+        returncode = run_in_own_group(command, env, timeout_s)
     plain_by_rank, seen = {}, {}
     for f in sorted(out.glob("plain_rank*.json")):
         d = json.loads(f.read_text())
@@ -89,8 +85,57 @@ def run(command: list[str], out_dir: str, steps: int = 5, plain: int = 5, skip: 
         why = ("the step hook never loaded (is taxes installed in the program's Python?)" if not seen else
                f"it saw {n} step(s), too few to reach a profiled step after --skip {skip} and --plain {plain}; lower them, "
                "or mark steps with taxes.step() / --step nvtx:NAME")
-        raise TaxesError(f"trace: no profiled steps ({why}); the program exited with {proc.returncode}")
-    return {"returncode": proc.returncode, "traces": traces, "plain": plain_by_rank, "steps_seen": seen}
+        raise TaxesError(f"trace: no profiled steps ({why}); the program exited with {returncode}")
+    return {"returncode": returncode, "traces": traces, "plain": plain_by_rank, "steps_seen": seen}
+
+
+def run_in_own_group(command: list[str], env: dict, timeout_s: float | None) -> int:
+    """Run the program in a process group of its own and return its exit code. Past timeout_s, or when this
+    process is interrupted (Ctrl-C) or stopped (SIGTERM, SIGHUP: BaseExceptions from the command line's
+    handlers), the whole group is ended, the program's own children too (torchrun's workers, a data
+    loader's processes): SIGINT for Ctrl-C (which no longer reaches a group of its own from the terminal),
+    SIGTERM otherwise, then SIGKILL to whatever is left after END_GRACE_S."""
+    # a group of its own, still on the terminal (process_group keeps the session; Python 3.10 has setsid only)
+    group = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+    try:
+        proc = subprocess.Popen(command, env=env, **group)
+    except OSError as e:
+        raise TaxesError(f"trace: cannot run {command[0]!r}: {e.strerror or e}") from None
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        end_group(proc, SIGTERM)
+        raise TaxesError(f"trace: the program ran past --timeout-s {timeout_s:g}; it was stopped with every "
+                         "process it started") from None
+    except BaseException as e:
+        end_group(proc, SIGINT if isinstance(e, KeyboardInterrupt) else SIGTERM)
+        raise
+
+
+END_GRACE_S = 10.0  # how long the program's processes get to exit on their own before SIGKILL
+
+
+def end_group(proc: subprocess.Popen, first: int) -> None:
+    """Send `first` to the program's whole process group, then SIGKILL to the group after END_GRACE_S
+    (at once if the program itself has exited but left processes behind); reap the program."""
+    import time
+
+    def signal_group(sig: int) -> bool:
+        try:
+            os.killpg(proc.pid, sig)  # the group's id is the program's pid
+            return True
+        except (ProcessLookupError, PermissionError):  # nobody left in the group
+            return False
+
+    if signal_group(first):
+        deadline = time.monotonic() + END_GRACE_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        signal_group(SIGKILL)
+    try:
+        proc.wait(timeout=END_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def python_module_command(argv: list[str]) -> list[str]:

@@ -293,14 +293,25 @@ DEFAULT_SHAPES = {
 Workload = AgGemm | GemmRs | FlashDecode | TpMlp
 
 _SUFFIX = {"": 1, "k": 1024, "m": 1024 * 1024}
+MAX_DIM = 1 << 40  # the largest dimension a shape may have
+# ASCII digits only: str.isdigit and \d also take full-width and Arabic-Indic digits, which no shape means
+_INT = re.compile(r"[ \t]*(-?)([0-9]+)[ \t]*([kKmM]?)[ \t]*", re.ASCII)
 
 
 def parse_int(text: str, field: str) -> int:
-    """An integer with an optional binary suffix: 8192, 8K and 8k all mean 8192; 1M is 1048576."""
-    m = re.fullmatch(r"\s*(-?\d+)\s*([kKmM]?)\s*", str(text))
+    """An integer with an optional binary suffix: 8192, 8K and 8k all mean 8192; 1M is 1048576. Digits are
+    ASCII; a number of more digits than MAX_DIM has is refused before it is converted (a 10,000-digit
+    integer is past what Python converts)."""
+    from taxes.sanitize import printable
+
+    m = _INT.fullmatch(str(text))
     if not m:
-        raise TaxesError(f"shape: {field}={text!r} is not a whole number (e.g. {field}=8192 or {field}=8K)")
-    return int(m.group(1)) * _SUFFIX[m.group(2).lower()]
+        raise TaxesError(f"shape: {field}={printable(text, 40)!r} is not a whole number in ASCII digits "
+                         f"(e.g. {field}=8192 or {field}=8K)")
+    digits = m.group(2).lstrip("0") or "0"
+    if len(digits) > len(str(MAX_DIM)):
+        raise TaxesError(f"shape: {field} has {len(digits)} digits: too large (at most {MAX_DIM})")
+    return int(m.group(1) + digits) * _SUFFIX[m.group(3).lower()]
 
 
 def parse_shape(text: str) -> dict[str, int]:
@@ -335,8 +346,8 @@ def make_workload(name: str, shape: dict[str, int], world: int, dtype: str = "bf
         value = full[dim]
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise TaxesError(f"shape: {dim}={value} must be a positive whole number")
-        if value > 1 << 40:
-            raise TaxesError(f"shape: {dim}={value} is too large")
+        if value > MAX_DIM:
+            raise TaxesError(f"shape: {dim}={value} is too large (at most {MAX_DIM})")
     for dim in cls.split_dims:
         if full[dim] % world:
             raise TaxesError(f"shape: {dim}={full[dim]} is not divisible by the world size {world} ({dim} is split across ranks)")

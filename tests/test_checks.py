@@ -123,3 +123,16 @@ def test_negative_unattributed_as_large_as_locality_is_named():
     assert "locality" in unattributed_cause({"unattributed": -87.2, "locality": 87.2}, 1125.0)
     assert "+95.4 us beyond it" in unattributed_cause({"unattributed": -100.8, "locality": 196.2}, 1403.0)
     assert unattributed_cause({"unattributed": -80.0, "locality": 0.0}, 1000.0) == "unexplained"
+
+
+def test_check_over_every_committed_document_at_once(capsys):
+    """Defect: `taxes check` over all committed profile documents at once was 'internal error: KeyError'
+    (a document without check rows turned the frames' ok column into integers); each alone was fine. Over
+    every committed result document (model ones among them, skipped with a note) it gives a verdict."""
+    from committed import result_documents
+
+    paths = [str(p) for p in result_documents()]
+    code, out, err = run_cli(["check", *paths], capsys)
+    assert code in (0, 1), err
+    assert "| closure |" in out and "internal error" not in err
+    assert "document(s) that hold no measurement" in err  # the model documents

@@ -418,3 +418,18 @@ def test_a_missing_dependency_is_one_line_before_any_work(capsys, monkeypatch):
     assert "missing dependencies: jsonschema" in err and "pip install jsonschema" in err
     code, out, err = run_cli(["model", "--help"], capsys)  # help needs none of them
     assert code == 0 and "Usage" in out
+
+
+def test_the_readme_says_how_a_plain_machine_gets_the_cpu_build_of_torch():
+    """Defect: the README's `pip install torch==2.13.0` gets the CPU build only where a CPU wheel is staged;
+    on a plain machine it pulls the CUDA build. Beside the command CI runs (.ci/run), the set-up section
+    names PyTorch's CPU wheel index, for the same version."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    readme = root.joinpath("README.md").read_text()
+    setup = readme[readme.index("## Set up and test"):readme.index("\n## ", readme.index("## Set up and test") + 1)]
+    pinned = re.search(r"pip install -q (torch==[\d.]+)", root.joinpath(".ci", "run").read_text()).group(1)
+    assert f"pip install {pinned} && pip install -e '.[test]'" in setup  # what CI runs
+    assert f"pip install {pinned} --index-url https://download.pytorch.org/whl/cpu" in setup

@@ -105,13 +105,15 @@ def binomial_upper(n, p, tail=1e-3):
     return n
 
 
-def independent_median(doc, case_index, variant_name):
-    """Median of per-iteration E2E (slowest rank) computed through results.samples_frame (pandas), not compare."""
+def independent_iqm(doc, case_index, variant_name):
+    """The interquartile mean of per-iteration E2E (slowest rank) computed through results.samples_frame
+    (pandas), not compare: sorted, a quarter (n // 4) dropped at each end, the rest averaged."""
     sf = results.samples_frame(doc)
     case = doc["cases"][case_index]
     shape = ",".join(f"{k}={v}" for k, v in case["shape"].items())
     sf = sf[(sf["workload"] == case["workload"]) & (sf["shape"] == shape) & (sf["variant"] == variant_name)]
-    return sf.groupby("iteration")["time_us"].max().median()
+    x = np.sort(sf.groupby("iteration")["time_us"].max().to_numpy())
+    return float(x[len(x) // 4:len(x) - len(x) // 4].mean())
 
 
 # ---- the rank test ---------------------------------------------------------------------------------
@@ -209,8 +211,8 @@ def test_twenty_percent_slowdown_is_slower_and_fails_the_run(tmp_path):
     df = cmp.compare_documents(base, new, threshold=0.05)
     assert len(df) == 4 and set(df["verdict"]) == {"slower"}
     for i, r in df.iterrows():
-        assert r["base_median_us"] == pytest.approx(independent_median(base, i // 2, r["variant"]))
-        assert r["ratio"] == pytest.approx(independent_median(new, i // 2, r["variant"]) / r["base_median_us"])
+        assert r["base_iqm_us"] == pytest.approx(independent_iqm(base, i // 2, r["variant"]))
+        assert r["ratio"] == pytest.approx(independent_iqm(new, i // 2, r["variant"]) / r["base_iqm_us"])
         assert 1.05 < r["ci_low"] <= r["ratio"] <= r["ci_high"] and r["p_value"] < 0.05
     b, n = save(tmp_path, "base.json", base), save(tmp_path, "new.json", new)
     code, out, err = run([b, n, "--fail-above", "5%"])
@@ -291,8 +293,8 @@ def test_a_drifting_block_widens_the_interval():
     rng = np.random.default_rng(4)
     blocks = [100 * (1 + rng.normal(0, 0.05)) for _ in range(5)]
     x = np.concatenate([b * (1 + rng.normal(0, 0.005, 6)) for b in blocks])
-    plain = cmp.bootstrap_medians(x, 4000, np.random.default_rng(1))
-    two_level = cmp.bootstrap_medians(x, 4000, np.random.default_rng(1), [6] * 5)
+    plain = cmp.bootstrap_iqms(x, 4000, np.random.default_rng(1))
+    two_level = cmp.bootstrap_iqms(x, 4000, np.random.default_rng(1), [6] * 5)
     assert np.ptp(np.quantile(two_level, [0.025, 0.975])) > 1.5 * np.ptp(np.quantile(plain, [0.025, 0.975]))
     assert np.isfinite(two_level).all() and len(two_level) == 4000
 
@@ -315,8 +317,8 @@ def test_variants_across_two_documents_pair_base_a_with_new_b():
     df = cmp.compare_documents(base, new, variants=("bsp", "fused-push"))
     assert list(df["variant"]) == ["fused-push vs bsp"] * 2 and df.attrs["unmatched"] == []
     for i, r in df.iterrows():
-        assert r["base_median_us"] == pytest.approx(independent_median(base, i, "bsp"))
-        assert r["new_median_us"] == pytest.approx(independent_median(new, i, "fused-push"))
+        assert r["base_iqm_us"] == pytest.approx(independent_iqm(base, i, "bsp"))
+        assert r["new_iqm_us"] == pytest.approx(independent_iqm(new, i, "fused-push"))
     # fused-push's 250 us against bsp's 300 us: a 17% speed-up, well outside the noise
     assert set(df["verdict"]) == {"faster"}
 
@@ -417,8 +419,8 @@ def test_real_report_against_itself_is_all_same(tmp_path):
     assert len(rows) == n_variants
     assert all(r["verdict"] == "same" and r["ratio"] == 1.0 and r["p_value"] == 1.0 for r in rows)
     assert all(r["ci_low"] <= 1.0 <= r["ci_high"] for r in rows)
-    medians = [v["e2e_us"]["median"] for c in doc["cases"] for v in c["variants"]]
-    assert [r["base_median_us"] for r in rows] == pytest.approx(medians)
+    iqms = [independent_iqm(doc, i, v["variant"]) for i, c in enumerate(doc["cases"]) for v in c["variants"]]
+    assert [r["base_iqm_us"] for r in rows] == pytest.approx(iqms)  # the statistic every view prints
 
 
 def test_real_report_bsp_against_fused_push_within_itself():
@@ -426,7 +428,7 @@ def test_real_report_bsp_against_fused_push_within_itself():
     df = cmp.compare_documents(doc, doc, variants=("bsp", "fused-push"), threshold=0.05)
     assert len(df) == len(doc["cases"]) and (df["variant"] == "fused-push vs bsp").all()
     for i, r in df.iterrows():
-        assert r["ratio"] == pytest.approx(independent_median(doc, i, "fused-push") / independent_median(doc, i, "bsp"))
+        assert r["ratio"] == pytest.approx(independent_iqm(doc, i, "fused-push") / independent_iqm(doc, i, "bsp"))
         assert r["ci_low"] <= r["ratio"] <= r["ci_high"]
         if r["verdict"] == "slower":
             assert r["ratio"] > 1.05 and r["ci_low"] > 1 and r["p_value"] < 0.05
@@ -491,7 +493,7 @@ def test_benchmark_json_is_custom_smaller_is_better():
     for e, (_, r) in zip(entries, df.iterrows()):
         assert {"name", "unit", "value"} <= set(e) <= {"name", "unit", "value", "range", "extra"}
         assert isinstance(e["name"], str) and e["unit"] == "us" and isinstance(e["value"], (int, float))
-        assert e["value"] == pytest.approx(r["new_median_us"], abs=1e-3)
+        assert e["value"] == pytest.approx(r["new_iqm_us"], abs=1e-3)
         assert re.fullmatch(r"± \d+\.\d", e["range"]) and isinstance(e["extra"], str)
         half = float(e["range"].split()[1])
         assert half == pytest.approx((r["new_ci_high_us"] - r["new_ci_low_us"]) / 2, abs=0.051)
@@ -587,3 +589,87 @@ def test_bad_input_exits_2_with_one_line(tmp_path, case):
     assert_one_line(err.rstrip("\n"))
     assert "Traceback" not in err and "internal error" not in err and out == ""
     assert sorted(os.listdir(tmp_path)) == before
+
+
+# ---- the statistic every view prints, and each tax --------------------------------------------------
+
+
+def test_the_statistic_compared_is_the_interquartile_mean(tmp_path):
+    """Defect: compare printed a median where every view says interquartile mean."""
+    rng = np.random.default_rng(12)
+    skewed = [list(100 + rng.exponential(40, 41)) for _ in range(2)]  # median and IQM differ by several us
+    doc = document([("ag-gemm", {"M": 2048}, [variant("bsp", skewed)])])
+    per_iteration = np.max(np.asarray(skewed), axis=0)
+    iqm = independent_iqm(doc, 0, "bsp")
+    assert abs(iqm - float(np.median(per_iteration))) > 1.0  # the two statistics tell apart here
+    path = save(tmp_path, "d.json", doc)
+    code, out, err = run([path, path, "--format", "json"])
+    assert code == 0, err
+    rep = json.loads(out)
+    assert rep["statistic"] == "interquartile mean" and rep["rows"][0]["base_iqm_us"] == pytest.approx(iqm)
+    assert rep["rows"][0]["base_iqm_us"] == pytest.approx(results.load(path)["cases"][0]["variants"][0]["e2e_us"]["iqm"])
+    code, out, err = run([path, path, "--format", "md"])
+    assert "base us (IQM)" in out and "IQM(new) / IQM(base)" in out and "median" not in out
+    code, out, err = run([path, path])
+    assert f"{iqm:,.1f}" in out and "median" not in out
+
+
+def _tax(var: dict, tax: str) -> float:
+    """A tax of a variant written out from its rows (rank null), as docs/method.md defines it."""
+    parts = {"bulk-synchronous": ("sync_wait", "exposed_transfer"), "data-locality": ("locality",),
+             "kernel-launch": ("launch",)}[tax]
+    return sum(c["value_us"] for c in var["components"] if c["rank"] is None and c["name"] in parts)
+
+
+def test_each_tax_changes_with_its_interval():
+    """Defect: compare showed E2E only, no per-tax change."""
+    doc = results.load(committed("reports/profile/ag_gemm-h100-x2.json.gz"))  # keeps every rank's records
+    df = cmp.compare_documents(doc, doc, variants=("bsp", "bsp-graph"))
+    assert len(df) == 2
+    for i, r in df.iterrows():
+        by = {v["variant"]: v for v in doc["cases"][i]["variants"]}
+        for tax in ("bulk-synchronous", "data-locality", "kernel-launch"):
+            delta = _tax(by["bsp-graph"], tax) - _tax(by["bsp"], tax)
+            assert r[f"{tax} base_us"] == pytest.approx(_tax(by["bsp"], tax))
+            assert r[f"{tax} delta_us"] == pytest.approx(delta)
+            assert r[f"{tax} ci_low_us"] <= delta + 1e-9 and delta - 1e-9 <= r[f"{tax} ci_high_us"]
+        # a CUDA graph removes the launch tax: the change and its whole interval below zero
+        assert r["kernel-launch ci_high_us"] < 0
+        # the same bytes through HBM either way: no change, and an interval of no width
+        assert r["data-locality ci_low_us"] == pytest.approx(0, abs=1e-9) == r["data-locality ci_high_us"]
+    header, rows = cmp.tax_rows(df)
+    assert header[5:] == ["tax", "base us", "new us", "change us", "95% CI of change us"] and len(rows) == 6
+    md = cmp.render_markdown(df)
+    assert "Per tax: what changed, new - base" in md and "| kernel-launch |" in md
+    row = json.loads(cmp.render_json(df))["rows"][0]
+    assert set(row["taxes"]) == {"bulk-synchronous", "data-locality", "kernel-launch"}
+    assert row["taxes"]["kernel-launch"]["ci_high_us"] < 0
+
+
+def test_a_document_against_itself_changes_no_tax():
+    doc = results.load(committed("reports/profile/ag_gemm-h100-x2.json.gz"))
+    doc["cases"] = doc["cases"][:1]
+    df = cmp.compare_documents(doc, doc)
+    with_rows = [results.rows_state(v) == "shown" for v in doc["cases"][0]["variants"]]
+    assert sum(with_rows) == 5  # torch-async-tp is timed plain: no rows, no tax to compare
+    for tax in ("bulk-synchronous", "data-locality", "kernel-launch"):
+        assert list(df[f"{tax} delta_us"].notna()) == with_rows
+        d = df[df[f"{tax} delta_us"].notna()]
+        assert (d[f"{tax} delta_us"] == 0).all()
+        assert ((d[f"{tax} ci_low_us"] <= 0) & (d[f"{tax} ci_high_us"] >= 0)).all()
+
+
+def test_iteration_rows_are_what_the_documents_rows_average():
+    """The per-iteration rows an interval resamples average, over the kept iterations, to the document's
+    own rows: the intervals are of the statistic the document shows."""
+    from taxes.attribute import ROWS, kept_iterations
+    from taxes.iterations import iteration_rows
+
+    doc = results.load(committed("reports/profile/ag_gemm-h100-x2.json.gz"))
+    case = doc["cases"][0]
+    for v in case["variants"][:2]:
+        rows = iteration_rows(doc, case, v)
+        kept = rows.iloc[kept_iterations(list(rows["span_us"]))]
+        overall = {c["name"]: c["value_us"] for c in v["components"] if c["rank"] is None}
+        assert {r: kept[r].mean() for r in ROWS} == pytest.approx(overall, abs=1e-6)
+        assert kept["span_us"].mean() == pytest.approx(v["attributed_e2e_us"])

@@ -23,6 +23,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -210,11 +211,21 @@ def _sleepy_job(ctx):
 
 
 @emulated
-def test_a_rank_that_overruns_the_time_budget_is_stopped():
+def test_a_rank_that_overruns_the_time_budget_is_stopped(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     t0 = time.monotonic()
-    with pytest.raises(RankError, match=r"^rank 1 did not finish within 2 s \(it was sleeping through its time budget\)"):
+    with pytest.raises(RankError, match=r"^rank 1 did not finish within 2 s \(it was sleeping through its time budget\)") as e:
         launch(_sleepy_job, 2, timeout_s=2)
     assert time.monotonic() - t0 < 12
+    msg = str(e.value)
+    assert_one_line(msg)
+    stacks = Path(msg.rsplit("; their stacks: ", 1)[1])  # the rank's stacks, in a file the line names
+    assert stacks.parent == tmp_path
+    text = stacks.read_text()
+    assert text.startswith("rank 1: ") and "in _sleepy_job" in text and "rank 0" not in text
+    assert "_sleepy_job" not in capfd.readouterr().err  # none on the terminal
+    assert [p.name for p in tmp_path.iterdir()] == [stacks.name]  # the ranks' own files are gone
 
 
 @pytest.mark.gpu
@@ -259,8 +270,8 @@ def _start_launcher(tmp_path):
     said = []
     for _ in range(2):
         proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True, cwd=tmp_path,
-                                env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+                                text=True, start_new_session=True, cwd=tmp_path,  # TMPDIR: what a killed one leaves
+                                env={**os.environ, "PYTHONFAULTHANDLER": "1", "TMPDIR": str(tmp_path)})
         pids = []
         deadline = time.monotonic() + 60
         while len(pids) < 2 and time.monotonic() < deadline:
@@ -830,6 +841,7 @@ def test_hostile_names_are_shown_as_text_not_markup(tmp_path):
 
 WRITER = """
 import sys
+import tempfile
 from taxes.results import write_atomic
 path, a, b = sys.argv[1], sys.argv[2], sys.argv[3]
 texts = [open(a).read(), open(b).read()]

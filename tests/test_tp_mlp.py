@@ -359,7 +359,7 @@ def test_cli_model_prints_the_four_variants(capsys):
     assert code == 0, err
     header = next(line for line in out.splitlines() if "us per iteration" in line)
     assert [c for c in header.replace("┃", " ").split() if c.startswith("all-")] == list(TP_MLP_VARIANTS)
-    e2e = next(line for line in out.splitlines() if "E2E" in line)
+    e2e = next(line for line in out.splitlines() if "E2E: predicted" in line)
     w = make_workload("tp-mlp", parse_shape("M=4096,H=4096,F=14336"), 2)
     got = [float(c.replace(",", "")) for c in e2e.replace("│", " ").split() if c.replace(",", "").replace(".", "").isdigit()]
     assert got == pytest.approx([predict(w, v, BUILTIN["h200-sxm"]).e2e_us for v in TP_MLP_VARIANTS], abs=0.051)

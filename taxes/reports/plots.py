@@ -1,10 +1,13 @@
 """Plots of result documents, each returned as PNG or SVG bytes (matplotlib's Agg backend, no display).
 
 Every plot function takes fmt="png" (default) or "svg"; the HTML report embeds SVG. What keeps them
-readable: the axes leave room for every bar and its label (negative rows hang below zero instead of
-overlapping the stack), a phase's name is drawn only where it fits inside its bar (shortened, else left
-out), and the lines of the sweep plot differ in marker and dash as well as colour, with series that lie on
-top of each other named together in the legend.
+readable: the rows take at most 8 colours, one per group (ROW_GROUPS: each tax, the host, waiting, ...), the
+rows of one group told apart by hatching; the bars of a case whose variants share a floor stand on it (a
+line across the chart, the axis starting just below it), so what the variants differ by fills the height;
+the axes leave room for every bar and its label (negative rows hang below the floor instead of overlapping
+the stack); titles are whole, wrapped, never cut; a phase's name is drawn only where it fits inside its bar
+(shortened, else left out), and the lines of the sweep plot differ in marker and dash as well as colour,
+with series that lie on top of each other named together in the legend.
 """
 
 from __future__ import annotations
@@ -27,12 +30,28 @@ COMPONENT_TITLES = {
     "start_skew": "ranks' start skew (the harness's barrier)", "sync_wait": "bulk-sync: sync wait", "exposed_transfer": "bulk-sync: exposed transfer",
     "locality": "data-locality tax", "inefficiency": "kernel inefficiency", "unattributed": "unattributed",
 }
-COLORS = {
-    "ideal": "#4C72B0", "compute": "#64B5CD", "launch": "#DA8BC3", "host_bound": "#F2B5D4", "sync": "#B07AA1",
-    "compile": "#9D755D", "data_loading": "#BAB0AC", "graph_gaps": "#FF9DA7", "queued": "#EDC948",
-    "start_skew": "#E7CFCF", "sync_wait": "#C44E52", "exposed_transfer": "#DD8452", "locality": "#8172B3", "inefficiency": "#8C8C8C",
-    "unattributed": "#CCB974",
-}
+# The rows in at most 8 colours: (group, colour, rows); the rows of a group share its colour, each its hatch.
+ROW_GROUPS = (
+    ("work", "#4C72B0", ("ideal", "compute")),
+    ("kernel-launch tax", "#DA8BC3", ("launch",)),
+    ("bulk-synchronous tax", "#C44E52", ("sync_wait", "exposed_transfer")),
+    ("data-locality tax", "#8172B3", ("locality",)),
+    ("host", "#DD8452", ("host_bound", "sync", "compile", "data_loading")),
+    ("waiting", "#CCB974", ("queued", "graph_gaps", "start_skew")),
+    ("kernel inefficiency", "#8C8C8C", ("inefficiency",)),
+    ("unattributed", "#D9D9D9", ("unattributed",)),
+)
+HATCHES = ("", "////", "....", "xxxx")
+COLORS = {row: colour for _, colour, rows in ROW_GROUPS for row in rows}
+HATCH = {row: HATCHES[i] for _, _, rows in ROW_GROUPS for i, row in enumerate(rows)}
+assert set(COLORS) == set(COMPONENTS) and len(ROW_GROUPS) <= 8
+
+
+def row_patch(row: str, **kw) -> Patch:
+    """A legend entry for a row: its group's colour and its own hatch."""
+    return Patch(facecolor=COLORS[row], hatch=HATCH[row], edgecolor="white", label=COMPONENT_TITLES[row], **kw)
+
+
 ROLE_EDGE = {"compute": "#1f3b63", "communication": "#7a2e0e", "synchronisation": "#444444"}
 
 
@@ -71,6 +90,14 @@ def _name(text) -> str:
     return printable(text, 80).replace("$", r"\$")
 
 
+def _title(text, width: int = 72) -> str:
+    """A chart title whole (a document's names bounded only by taxes.sanitize's limit), wrapped onto lines of
+    at most `width` characters: never cut."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(printable(text, 1000).replace("$", r"\$"), width, break_on_hyphens=False)) or " "
+
+
 def overall_components(var: dict) -> dict[str, float]:
     return {c["name"]: c["value_us"] for c in var["components"] if c["rank"] is None}
 
@@ -89,19 +116,36 @@ def e2e_label(v: dict) -> tuple[float | None, str]:
     return val, ("predicted" if e.get("label") == "predicted" else "IQM" if e.get("iqm") is not None else "median")
 
 
+def common_floor(variants: list[dict]) -> float | None:
+    """The floor (the ideal row) every variant shares, when it is positive; None otherwise."""
+    ideals = [overall_components(v).get("ideal", 0.0) for v in variants]
+    if not ideals or min(ideals) <= 0 or max(ideals) - min(ideals) > 1e-6 * max(ideals):
+        return None
+    return ideals[0]
+
+
 def stacked_bars_figure(case: dict):
-    """One bar per variant: its rows stacked (negative rows, such as a negative unattributed, hang below
-    zero), labelled with the variant's E2E as every table prints it; a measured variant's rows add up to
-    its instrumented E2E, marked on the bar when it differs from the plain one."""
+    """One bar per variant: its rows stacked (negative rows, such as a negative unattributed, hang below),
+    labelled with the variant's E2E as every table prints it; a measured variant's rows add up to its
+    instrumented E2E, marked on the bar when it differs from the plain one. Where the variants share a
+    floor, the bars stand on it: the floor is a line and the axis starts just below it, so the height shows
+    what the variants differ by."""
     variants = [v for v in case["variants"] if overall_components(v)]
     fig, ax = plt.subplots(figsize=(1.8 + 1.6 * max(1, len(variants)), 4.6))
     x = list(range(len(variants)))
-    up, down = [0.0] * len(variants), [0.0] * len(variants)
+    floor = common_floor(variants)
+    base0 = floor or 0.0
+    up, down = [base0] * len(variants), [base0] * len(variants)
+    drawn = []
     for comp in COMPONENTS:
+        if comp == "ideal" and floor:
+            continue  # the line below
         vals = [overall_components(v).get(comp, 0.0) for v in variants]
         if any(vals):
             base = [u if val >= 0 else d for u, d, val in zip(up, down, vals)]
-            ax.bar(x, vals, bottom=base, color=COLORS[comp], label=COMPONENT_TITLES[comp], width=0.6)
+            ax.bar(x, vals, bottom=base, color=COLORS[comp], hatch=HATCH[comp], edgecolor="white", linewidth=0.4,
+                   width=0.6)
+            drawn.append(comp)
             up = [u + max(val, 0.0) for u, val in zip(up, vals)]
             down = [d + min(val, 0.0) for d, val in zip(down, vals)]
     for i, v in enumerate(variants):
@@ -113,18 +157,30 @@ def stacked_bars_figure(case: dict):
         ax.text(i, max(up[i], e2e or 0.0), text, ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, [_name(v["variant"]) for v in variants], fontsize=8, rotation=20 if len(variants) > 3 else 0,
                   ha="right" if len(variants) > 3 else "center")
-    ax.axhline(0, color="black", linewidth=0.5)
-    ax.set_ylabel("time per iteration (us)")
-    ax.set_title(_name(case_title(case)), fontsize=9)
-    handles, _ = ax.get_legend_handles_labels()
+    ax.set_title(_title(case_title(case), 60), fontsize=9)
+    handles = [row_patch(c) for c in drawn]
+    top = max(up + [e2e_label(v)[0] or 0.0 for v in variants] + [1.0])
+    if floor:
+        lowest = min(down)
+        lo = lowest - 0.08 * (top - lowest)
+        lo = max(0.0, lo) if lowest >= 0 else lo  # zero is the natural start, unless a negative row reaches below
+        ax.axhline(floor, color="black", linewidth=1.2, linestyle="--")
+        from matplotlib.lines import Line2D
+
+        handles.insert(0, Line2D([], [], color="black", linewidth=1.2, linestyle="--",
+                                 label=f"floor (T_ideal) {floor:,.1f} us:\nthe bars stand on it"))
+        ax.set_ylim(lo, top + 0.25 * (top - lo))  # room above the tallest bar for its two-line label
+        ax.set_ylabel(f"time per iteration (us); the axis starts at {lo:,.0f}" if lo > 0 else "time per iteration (us)")
+    else:
+        ax.axhline(0, color="black", linewidth=0.5)
+        ax.set_ylim(min(down + [0.0]) * 1.1, top * 1.25)
+        ax.set_ylabel("time per iteration (us)")
     if any(v.get("attributed_e2e_us") is not None for v in variants):
         from matplotlib.lines import Line2D
 
         handles.append(Line2D([], [], color="black", linewidth=1.5,
                               label="E2E (plain iterations); the bar: rows\n(instrumented iterations)"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    top = max(up + [e2e_label(v)[0] or 0.0 for v in variants] + [1.0])
-    ax.set_ylim(min(down + [0.0]) * 1.1, top * 1.25)  # room above the tallest bar for its two-line label
     return fig
 
 
@@ -165,7 +221,8 @@ def timeline_figure(case: dict):
             for comp in order:
                 width = min(parts.get(comp, 0.0), ph["end_us"] - x)  # parts beyond the phase (a floor above
                 if width > 0:  # what ran: negative unattributed) are not drawn past its end
-                    ax.broken_barh([(x, width)], (y - 0.35, 0.7), facecolors=COLORS[comp], linewidth=0)
+                    ax.broken_barh([(x, width)], (y - 0.35, 0.7), facecolors=COLORS[comp], hatch=HATCH[comp],
+                                   edgecolor="white", linewidth=0)
                     x += width
             ax.broken_barh([(ph["start_us"], ph["end_us"] - ph["start_us"])], (y - 0.35, 0.7), facecolors="none",
                            edgecolors=ROLE_EDGE.get(ph["role"], "black"), linewidth=0.8)
@@ -174,7 +231,7 @@ def timeline_figure(case: dict):
     ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("time from iteration start (us)")
-    ax.set_title(_name(f"timeline: {case_title(case)}"), fontsize=9)
+    ax.set_title(_title(f"timeline: {case_title(case)}", 100), fontsize=9)
     ax.autoscale_view()
     lo, hi = ax.get_xlim()
     px_per_us = ax.get_window_extent().width / max(hi - lo, 1e-9)
@@ -184,10 +241,12 @@ def timeline_figure(case: dict):
             if name:
                 ax.text((ph["start_us"] + ph["end_us"]) / 2, y, name, ha="center", va="center", fontsize=6,
                         color="white", clip_on=True)
-    handles = [Patch(facecolor=COLORS[c], label=COMPONENT_TITLES[c]) for c in COMPONENTS if c not in ("launch",)]
+    drawn = ("sync_wait", "locality", "ideal", "exposed_transfer", "inefficiency", "unattributed")
+    handles = [row_patch(c) for c in COMPONENTS if c in drawn]
     handles.append(Patch(facecolor="white", edgecolor="#888888", hatch="////",
                          label="device idle between phases (its causes: the table's rows)"))
-    handles.append(Patch(facecolor=COLORS["launch"], label="launch inside a phase (host-bound, or traced)"))
+    handles.append(row_patch("launch"))
+    handles[-1].set_label("launch inside a phase (host-bound, or traced)")
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
 
@@ -198,27 +257,29 @@ def predicted_vs_measured(case: dict, fmt: str = "png") -> bytes:
 
 def predicted_vs_measured_figure(case: dict):
     """Per variant, two bars: the measured rows (stacked; their sum is the instrumented E2E, labelled
-    'rows') and the model's prediction (stacked, hatched, labelled 'model')."""
+    'rows') and the model's prediction (stacked, lighter, labelled 'model')."""
     variants = [v for v in case["variants"] if v.get("prediction") and overall_components(v)]
     fig, ax = plt.subplots(figsize=(1.6 + 1.6 * max(1, len(variants)), 4.2))
-    tops = []
+    tops, drawn = [], set()
     for i, v in enumerate(variants):
-        for x, comps, hatch, what in ((i - 0.2, overall_components(v), None, "rows"),
-                                      (i + 0.2, v["prediction"]["components"], "//", "model")):
+        for x, comps, alpha, what in ((i - 0.2, overall_components(v), 1.0, "rows"),
+                                      (i + 0.2, v["prediction"]["components"], 0.5, "model")):
             bottom = 0.0
             for comp in COMPONENTS:
                 val = comps.get(comp, 0.0)
                 if val > 0:
-                    ax.bar(x, val, 0.38, bottom=bottom, color=COLORS[comp], hatch=hatch, edgecolor="white", linewidth=0.3)
+                    ax.bar(x, val, 0.38, bottom=bottom, color=COLORS[comp], hatch=HATCH[comp], alpha=alpha,
+                           edgecolor="white", linewidth=0.3)
                     bottom += val
+                    drawn.add(comp)
             ax.text(x, bottom, f"{what}\n{bottom:,.0f}", ha="center", va="bottom", fontsize=6)
             tops.append(bottom)
     ax.set_ylim(0, max(tops + [1.0]) * 1.15)
     ax.set_xticks(range(len(variants)), [f"{_name(v['variant'])}\nmeasured | predicted" for v in variants], fontsize=7)
     ax.set_ylabel("time per iteration (us)")
-    ax.set_title(_name(f"measured (left) and predicted (right, hatched): {case_title(case)}"), fontsize=9)
-    handles = [Patch(facecolor=COLORS[c], label=COMPONENT_TITLES[c]) for c in COMPONENTS]
-    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(_title(f"measured (left) and predicted (right, lighter): {case_title(case)}", 60), fontsize=9)
+    ax.legend(handles=[row_patch(c) for c in COMPONENTS if c in drawn], fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.0, 1.0))
     return fig
 
 
@@ -240,14 +301,14 @@ def cta_waits_figure(case: dict):
             ax.broken_barh([(s, e - s)], (i - 0.4, 0.8), facecolors="#4C72B0", linewidth=0)
             if w > 0:
                 ax.broken_barh([(s, w)], (i - 0.4, 0.8), facecolors=COLORS["sync_wait"], linewidth=0)
-        ax.set_title(f"{_name(variant)}: {_name(name)} ({len(rows)} CTAs)", fontsize=8)
+        ax.set_title(_title(f"{variant}: {name} ({len(rows)} CTAs)", 50), fontsize=8)
         ax.set_xlabel("us from the first CTA's start", fontsize=8)
         ax.set_ylabel("CTA", fontsize=8)
         ax.invert_yaxis()
     handles = [Patch(facecolor="#4C72B0", label="active"),
                Patch(facecolor=COLORS["sync_wait"], label="waiting on flags (total, drawn first)")]
     axes[0][-1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(_name(case_title(case)), fontsize=9)
+    fig.suptitle(_title(case_title(case), 100), fontsize=9)
     return fig
 
 
@@ -326,6 +387,6 @@ def sweep_figure(dim: str, values: list[int], e2e: dict[str, list[float]],
             ax.set_yscale("log")
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3, which="both")
-    fig.suptitle(_name(title), fontsize=10)
+    fig.suptitle(_title(title, 120), fontsize=10)
     fig.tight_layout()
     return fig

@@ -4,9 +4,10 @@ Every view reads the same way, verdict first:
 1. a title naming the workload(s) and the machine (GPU names, world), and marks that change how to read
    the numbers: EMULATED (the kernels ran under Triton's interpreter: times mean nothing), PREDICTED (a
    model document), PERTURBED (measuring cost more than 3% of a variant's plain E2E);
-2. the summary: per case the best variant, its E2E, its speed-up against bsp and against bsp-graph, the
-   taxes that matter (bsp's, and what is left in the best variant), and the measurement's checks, failed
-   ones in colour;
+2. the summary, one table even 80 columns wide: per case the best variant with its E2E, its speed-up
+   against bsp and against bsp-graph, its fraction of the floor, its largest costs whatever their kind (a
+   tax, host-bound time, inefficiency, ...), and the measurement's checks, failed ones in colour and listed
+   under it;
 3. the details per case: one E2E per variant, its statistic named (the interquartile mean of the plain
    iterations, `plain_e2e_us`, else `e2e_us.iqm`; a model's prediction), [p10-p90] its spread; measured
    variants add what their rows add up to (`attributed_e2e_us`, the instrumented iterations) and the
@@ -175,15 +176,35 @@ def _ratio(base: float | None, v: dict) -> str:
     return f"{base / e:.2f}x" if base and e else "-"
 
 
-def _taxes_text(v: dict | None) -> str:
-    """The taxes worth naming of a variant: at least MATTER_SHARE of its E2E, largest first."""
+# What a variant's time goes to besides its work (the floor, or compute where no floor is known): each tax
+# whole, and every other row on its own; the verdict names the largest, whatever its kind.
+COST_NAMES = {"host_bound": "host-bound", "sync": "host synchronisation", "compile": "compilation",
+              "data_loading": "data loading", "graph_gaps": "gaps inside graph replays", "queued": "queued",
+              "start_skew": "ranks' start skew", "inefficiency": "kernel inefficiency", "unattributed": "unattributed"}
+WORK_ROWS = ("ideal", "compute")
+
+
+def costs(v: dict) -> list[tuple[str, float]]:
+    """(name, us) of every cost of a variant with rows, largest first: the three taxes (each the sum of its
+    rows) and every other row that is not its work (COST_NAMES); those at most 0 left out."""
+    oc = overall_components(v)
+    if not oc:
+        return []
+    in_a_tax = {row for parts in TAXES.values() for row in parts}
+    out = [(tax, math.fsum(oc.get(r, 0.0) for r in parts)) for tax, parts in TAXES.items()]
+    out += [(COST_NAMES.get(row, row), x) for row, x in oc.items() if row not in in_a_tax and row not in WORK_ROWS]
+    return sorted(((n, x) for n, x in out if x > 0), key=lambda nx: -nx[1])
+
+
+def _costs_text(v: dict | None, most: int = 3) -> str:
+    """The largest costs of a variant worth naming (at least MATTER_SHARE of its E2E), largest first."""
     if v is None:
         return "-"
-    taxes, e2e = tax_values(v), v.get("attributed_e2e_us") or e2e_of(v)
-    if not taxes:
+    if not overall_components(v):
         return "rows not available" if not (v.get("attribution") or {}).get("available", True) else "-"
-    big = sorted(((t, x) for t, x in taxes.items() if e2e and x >= MATTER_SHARE * e2e), key=lambda tx: -tx[1])
-    return "; ".join(f"{t} {_fmt(x)} ({x / e2e:.0%})" for t, x in big) or "none over 2%"
+    e2e = v.get("attributed_e2e_us") or e2e_of(v)
+    big = [(n, x) for n, x in costs(v) if e2e and x >= MATTER_SHARE * e2e][:most]
+    return "; ".join(f"{n} {_fmt(x)} ({x / e2e:.0%})" for n, x in big) or "none over 2%"
 
 
 def checks_by_case(doc: dict):
@@ -197,18 +218,18 @@ def checks_by_case(doc: dict):
 
 
 def _checks_text(frame) -> tuple[str, bool]:
-    """('all 12 hold' | '3 of 12 FAIL: measurement (fused-pull), ...', failed?)"""
+    """('all 12 hold' | '3 of 12 FAIL', failed?): the failing rows are listed under the summary."""
     if frame is None or frame.empty:
         return "-", False
     bad = frame[~frame["ok"]]
     if bad.empty:
         return f"all {len(frame)} hold", False
-    names = ", ".join(f"{r.check} ({r.variant})" for r in bad.head(4).itertuples())
-    return f"{len(bad)} of {len(frame)} FAIL: {names}" + (" ..." if len(bad) > 4 else ""), True
+    return f"{len(bad)} of {len(frame)} FAIL", True
 
 
-SUMMARY_HEADER = ["case", "best variant", "its time us", "vs bsp", "vs bsp-graph", "of the floor",
-                  "taxes of bsp (share)", "taxes left in the best (share)", "checks"]
+# Six columns, few long words: one table, read across its row, even 80 columns wide (its text wraps)
+SUMMARY_HEADER = ["case", "best variant, its E2E us", "speed-up vs bsp / bsp-graph", "of the floor",
+                  "its largest costs (share)", "checks"]
 
 
 def floor_fraction(v: dict) -> float | None:
@@ -223,7 +244,8 @@ def _fraction_text(v: dict | None) -> str:
 
 
 def summary_rows(doc: dict) -> tuple[list[str], list[list[str]], list[bool]]:
-    """The verdict per case: SUMMARY_HEADER, rows of strings, and per row whether a check failed."""
+    """The verdict per case: SUMMARY_HEADER, rows of strings, and per row whether a check failed. The best
+    variant comes with its E2E (its statistic named) and its largest costs, whatever their kind."""
     checks = checks_by_case(doc)
     rows, failed = [], []
     stat = "predicted" if is_model(doc) else "IQM"
@@ -231,18 +253,22 @@ def summary_rows(doc: dict) -> tuple[list[str], list[list[str]], list[bool]]:
         best = best_variant(case)
         bsp, graph = baseline_variant(case, "bsp"), baseline_variant(case, "graph")
         check_text, bad = _checks_text(checks.get((case["workload"], _shape(case))))
+        name = f"{case['workload']} " + ", ".join(f"{k}={v}" for k, v in case["shape"].items())
         if best is None:
-            rows.append([f"{case['workload']} {_shape(case)}", "none usable", "-", "-", "-", "-", _taxes_text(bsp), "-",
-                         check_text])
+            rows.append([name, "none usable", "- / -", "-", "-", check_text])
         else:
-            rows.append([f"{case['workload']} {_shape(case)}", best["variant"] + (" PERTURBED" if perturbed(best) else ""),
-                         f"{_fmt(e2e_of(best))} ({stat})", _ratio(e2e_of(bsp) if bsp else None, best),
-                         _ratio(e2e_of(graph) if graph else None, best), _fraction_text(best), _taxes_text(bsp),
-                         _taxes_text(best), check_text])
+            rows.append([name, f"{best['variant']}{' PERTURBED' if perturbed(best) else ''} {_fmt(e2e_of(best))} ({stat})",
+                         _speedups_text(best, bsp, graph), _fraction_text(best), _costs_text(best), check_text])
         failed.append(bad)
     # a column nothing fills (no bsp, no rows, no checks) says nothing: leave it out
-    keep = [i for i, h in enumerate(SUMMARY_HEADER) if i < 2 or any(r[i] not in ("-", "rows not available") for r in rows)]
+    keep = [i for i, h in enumerate(SUMMARY_HEADER)
+            if i < 2 or any(r[i] not in ("-", "- / -", "rows not available") for r in rows)]
     return [SUMMARY_HEADER[i] for i in keep], [[r[i] for i in keep] for r in rows], failed
+
+
+def _speedups_text(best: dict, bsp: dict | None, graph: dict | None) -> str:
+    """'1.98x / 2.00x': the best variant against bsp, then against bsp-graph ('-' where one is missing)."""
+    return f"{_ratio(e2e_of(bsp) if bsp else None, best)} / {_ratio(e2e_of(graph) if graph else None, best)}"
 
 
 def failed_checks(doc: dict) -> list[str]:
@@ -392,13 +418,24 @@ def checks_rows(doc: dict) -> tuple[list[str], list[list[str]]] | None:
     return checks_summary_rows(frame, "check (taxes check lists every row)")
 
 
+VERSIONS = (("torch", "torch_version"), ("triton", "triton_version"), ("CUDA", "cuda_version"), ("NCCL", "nccl_version"))
+
+
+def versions_text(meta: dict) -> str:
+    """The versions the measurement ran under, those the document records ('torch 2.6.0, CUDA 12.4'), and
+    which it does not record; never 'None'."""
+    known = [f"{name} {meta[key]}" for name, key in VERSIONS if meta.get(key) not in (None, "")]
+    missing = [name for name, key in VERSIONS if meta.get(key) in (None, "")]
+    where = "the traces" if meta.get("source") == "trace" else "the document"
+    return ", ".join(known + ([f"{' and '.join(missing)} not recorded in {where}"] if missing else []))
+
+
 def _meta_line(doc: dict) -> str:
     m = doc["metadata"]
     gpus = ", ".join(str(g) for g in (m.get("gpu_names") or [])) or "no GPU"
     commit = str(m.get("git_commit") or "unknown")[:10] + (" + uncommitted changes" if m.get("git_dirty") else "")
     return printable(f"{m['kind']} by taxes {m['tool_version']} (commit {commit}), {m.get('date', '?')}; hardware "
-                     f"profile {m['hardware_profile']}; world {m['world_size']}; {gpus}; torch "
-                     f"{m.get('torch_version')}, triton {m.get('triton_version')}"
+                     f"profile {m['hardware_profile']}; world {m['world_size']}; {gpus}; {versions_text(m)}"
                      + (f"; iterations start: {m['iteration_start'].get('mode')}"
                         if isinstance(m.get("iteration_start"), dict) else ""))
 
@@ -416,6 +453,97 @@ def sections(doc: dict) -> list[tuple[str, list[tuple[str | None, list[str], lis
     return out
 
 
+# ---- taxes analyze's own tables, from the document ---------------------------------------------------
+# `taxes analyze` keeps its frames under the document's `trace_analysis` (docs/analyze.md); these tables are
+# made from them, so a document written with --format json reports them as `analyze` showed them.
+
+TRACE_ROWS = 60  # rows per table; the document holds every one
+STEP_ROWS = ("launch", "host_bound", "sync", "compile", "data_loading", "graph_gaps", "queued", "sync_wait",
+             "exposed_transfer", "locality", "compute", "unattributed")
+WHAT_IF = (("graphs", "CUDA graphs"), ("overlap", "full overlap"), ("fusion", "fusion"))
+
+
+def _cut(name, n: int) -> str:
+    name = str(name)
+    return name if len(name) <= n else name[: n - 3] + "..."
+
+
+def _records(ta: dict, key: str) -> list[dict]:
+    return [r for r in ta.get(key) or [] if isinstance(r, dict)]
+
+
+def trace_sections(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The tables of a `taxes analyze` document beyond the summary and the rows (every step, what if, host
+    frames, communication by rule, collective instances, stragglers, intermediates), as (title, header, rows);
+    none for other documents."""
+    ta = doc.get("trace_analysis")
+    if not isinstance(ta, dict):
+        return []
+    out = []
+    steps = _records(ta, "decomposition")
+    out.append(("every step, us (flagged steps are left out of the statistics)",
+                ["rank", "step", "flag", "span"] + list(STEP_ROWS),
+                [[str(r.get("rank")), str(r.get("step")), r.get("flag") or "", _fmt(_num(r.get("span_us")))]
+                 + [_fmt(_num(r.get(k))) for k in STEP_ROWS] for r in steps][:TRACE_ROWS]))
+    projected: dict[tuple, dict] = {}
+    for w in _records(ta, "what_if"):
+        projected.setdefault((w.get("rank"), w.get("step")), {})[w.get("change")] = _num(w.get("projected_us"))
+    if projected:
+        span = {(r.get("rank"), r.get("step")): _num(r.get("span_us")) for r in steps}
+        out.append(("what if, per step (predicted): the step's time with the tax removed, us",
+                    ["rank", "step", "span"] + [title for _, title in WHAT_IF],
+                    [[str(r), str(st), _fmt(span.get((r, st)))] + [_fmt(ch.get(key)) for key, _ in WHAT_IF]
+                     for (r, st), ch in sorted(projected.items(), key=lambda kv: _sort_key(kv[0]))][:TRACE_ROWS]))
+    frames = _records(ta, "host_frames")
+    if frames:
+        out.append(("where the host was before host-bound gaps (own time, top frames)", ["rank", "step", "frame", "us"],
+                    [[str(f.get("rank")), str(f.get("step")), _cut(f.get("frame"), 70), _fmt(_num(f.get("us")))]
+                     for f in frames][:TRACE_ROWS]))
+    comm = _records(ta, "communication_by_rule")
+    if comm:
+        out.append(("communication, by the rule that classified it", ["rank", "rule", "activities", "us"],
+                    [[str(c.get("rank")), str(c.get("rule")), str(c.get("kernels")), _fmt(_num(c.get("us")))]
+                     for c in comm]))
+    inst = _records(ta, "instances")
+    if inst:
+        unmatched = sum(1 for x in inst if not x.get("matched"))
+        out.append((f"collective instances ({len(inst)}; {unmatched} unmatched)",
+                    ["instance", "kernel", "step", "identified by", "ranks", "matched", "arrival skew us", "slowest rank",
+                     "max wait us"],
+                    [[_cut(x.get("key"), 40), _cut(x.get("name"), 40), str(x.get("step")), str(x.get("source")),
+                      str(x.get("n_ranks")), "yes" if x.get("matched") else "NO", _fmt(_num(x.get("skew_us"))),
+                      str(x.get("slowest_rank")) if x.get("matched") else "-", _fmt(_num(x.get("max_wait_us")))]
+                     for x in inst][:TRACE_ROWS]))
+        out.append(("stragglers: per rank, at matched instances",
+                    ["rank", "instances", "arrived last", "wait it caused us", "wait it paid us"],
+                    [[str(x.get("rank")), str(x.get("instances")), str(x.get("times_last")),
+                      _fmt(_num(x.get("caused_wait_us"))), _fmt(_num(x.get("own_wait_us")))]
+                     for x in _records(ta, "stragglers")]))
+    moved: dict[tuple, list] = {}
+    for x in _records(ta, "locality"):
+        key = (x.get("rank"), str(x.get("producer")), str(x.get("consumer")), str(x.get("source")))
+        n_mb = moved.setdefault(key, [0, 0.0])
+        n_mb[0] += 1
+        n_mb[1] += _num(x.get("moved_bytes")) or 0.0
+    if moved:
+        out.append(("intermediates through device memory (producer -> consumer)",
+                    ["rank", "written by", "read by", "evidence", "times", "MB moved"],
+                    [[str(k[0]), _cut(k[1], 40), _cut(k[2], 40), k[3], str(n), f"{mb / 1e6:,.2f}"]
+                     for k, (n, mb) in sorted(moved.items(), key=lambda kv: _sort_key(kv[0]))][:TRACE_ROWS]))
+    return out
+
+
+def _sort_key(key: tuple) -> tuple:
+    """Numbers before text, each in its order: a key of a hostile document never fails to sort."""
+    return tuple((0, x, "") if isinstance(x, (int, float)) and not isinstance(x, bool) else (1, 0, str(x)) for x in key)
+
+
+def trace_warnings(doc: dict) -> list[str]:
+    """What `taxes analyze` warned about the traces (the document keeps it)."""
+    return [printable(w) for w in doc["metadata"].get("warnings") or [] if isinstance(w, str)] \
+        if doc["metadata"].get("source") == "trace" else []
+
+
 # ---- terminal -------------------------------------------------------------------------------------
 
 _MARK_STYLE = {"EMULATED": "bold red", "PREDICTED": "bold yellow", "PERTURBED": "bold red", "NO ROWS": "yellow",
@@ -423,9 +551,10 @@ _MARK_STYLE = {"EMULATED": "bold red", "PREDICTED": "bold yellow", "PERTURBED": 
 _ROW_STYLE = {E2E_ROW: "bold", E2E_ROW_MODEL: "bold", "speed-up vs bsp": "bold"}
 
 
-def render_terminal(doc: dict, console, head: bool = True) -> None:
-    """The report on a rich console: title, marks, summary, failed checks, then the details (every table
-    folded to the console's width, never cut)."""
+def render_terminal(doc: dict, console, head: bool = True, trace_details: bool = False) -> None:
+    """The report on a rich console: title, marks, summary (one table whatever the width: its text wraps),
+    failed checks, then the details (every table folded to the console's width, never cut); with
+    trace_details, a `taxes analyze` document's own tables after them (trace_sections)."""
     from taxes.console import print_table, text
 
     if head:
@@ -435,8 +564,8 @@ def render_terminal(doc: dict, console, head: bool = True) -> None:
         header, rows, failed = summary_rows(doc)
         if rows:
             checks = header.index("checks") if "checks" in header else -1
-            print_table(console, "summary", header, rows, left=1, text_columns=(1,),
-                        cell_styles={(i, checks): "bold red" for i, bad in enumerate(failed) if bad})
+            print_table(console, "summary", header, rows, left=1, text_columns=tuple(range(1, len(header))),
+                        cell_styles={(i, checks): "bold red" for i, bad in enumerate(failed) if bad}, fold=False)
         for line in failed_checks(doc):
             console.print(text(f"FAILED check: {line}", "bold red"))
     for case_name, tables in sections(doc):
@@ -449,6 +578,11 @@ def render_terminal(doc: dict, console, head: bool = True) -> None:
     if cr:
         bad = {i: "bold red" for i, r in enumerate(cr[1]) if r[2].endswith("FAIL")}
         print_table(console, "checks of the measurement", *cr, cell_styles={(i, 2): s for i, s in bad.items()})
+    if trace_details:
+        for name, header, rows in trace_sections(doc):
+            print_table(console, name, header, rows, left=2 if header[:2] == ["rank", "step"] else 1)
+        for w in trace_warnings(doc):
+            console.print(text(f"warning: {w}", "yellow"))
 
 
 # ---- Markdown -------------------------------------------------------------------------------------
@@ -463,7 +597,8 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(doc: dict) -> str:
+def render_markdown(doc: dict, trace_details: bool = False) -> str:
+    """The report in Markdown; with trace_details, a `taxes analyze` document's own tables at the end."""
     out = [f"# {md_escape(title(doc))}", ""]
     for mark, why in marks(doc):
         out += [f"> **{mark}**: {md_escape(why)}", ""]
@@ -482,6 +617,10 @@ def render_markdown(doc: dict) -> str:
     cr = checks_rows(doc)
     if cr:
         out += ["## Checks of the measurement", "", md_table(*cr), ""]
+    if trace_details:
+        for name, header, rows in trace_sections(doc):
+            out += [f"### {md_escape(name)}", "", md_table(header, rows), ""]
+        out += [f"**warning:** {md_escape(w)}" for w in trace_warnings(doc)] + ([""] if trace_warnings(doc) else [])
     return "\n".join(out)
 
 
@@ -514,6 +653,7 @@ def summary(doc: dict) -> dict:
         frame = checks.get((case["workload"], _shape(case)))
         cases.append({k: case[k] for k in ("workload", "shape", "world", "dtype")} | {
             "best_variant": best["variant"] if best else None,
+            "best_largest_costs_us": [{"cost": n, "us": x} for n, x in costs(best)] if best else [],
             "checks_failed": int((~frame["ok"]).sum()) if frame is not None else 0,
             "checks": int(len(frame)) if frame is not None else 0,
             "variants": variants})
@@ -561,8 +701,9 @@ def _environment():
     return env
 
 
-def html_view(doc: dict, images: bool = True) -> dict:
-    """Everything the HTML template shows of one document."""
+def html_view(doc: dict, images: bool = True, trace_details: bool = False) -> dict:
+    """Everything the HTML template shows of one document (with trace_details: a `taxes analyze` document's
+    own tables and warnings too)."""
     header, rows, failed = summary_rows(doc)
     checks = header.index("checks") if "checks" in header else -1
     return {"title": title(doc), "marks": marks(doc), "meta": _meta_line(doc), "legend": LEGEND,
@@ -572,14 +713,18 @@ def html_view(doc: dict, images: bool = True) -> dict:
             "cases": [{"title": name, "tables": [{"title": t, "header": h, "rows": r} for t, h, r in tables],
                        "charts": charts(case) if images else []}
                       for case, (name, tables) in zip(doc["cases"], sections(doc))],
-            "checks": checks_rows(doc)}
+            "checks": checks_rows(doc),
+            "trace_tables": [{"title": t, "header": h, "rows": r} for t, h, r in trace_sections(doc)]
+            if trace_details else [],
+            "warnings": trace_warnings(doc) if trace_details else []}
 
 
-def render_html(doc: dict | list[dict]) -> str:
+def render_html(doc: dict | list[dict], trace_details: bool = False) -> str:
     """One self-contained page (no script, no external resource): per document the title, its marks, the
-    summary, then the details with the charts embedded as SVG data: URIs."""
+    summary, then the details with the charts embedded as SVG data: URIs; with trace_details, a `taxes
+    analyze` document's own tables after them."""
     docs = doc if isinstance(doc, list) else [doc]
-    views = [html_view(d) for d in docs]
+    views = [html_view(d, trace_details=trace_details) for d in docs]
     page_title = views[0]["title"] if len(views) == 1 else f"{len(views)} result documents"
     return _environment().get_template("report.html.j2").render(page_title=page_title, docs=views, css=_CSS)
 
