@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from taxes.variants import names
+from taxes.variants import kernel_names
 from taxes.kernels.ag_gemm_torch import AgGemmBsp, AgGemmTorchAsyncTP
 from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
 from taxes.kernels.runtime import RankContext, SymBuffer, interpreting, replay_graph, sm_count_of
@@ -57,7 +57,7 @@ from taxes.kernels.sync import (
     wait_budget,
 )
 
-VARIANTS = names("ag-gemm")  # the variants with kernels here (taxes.variants)
+VARIANTS = kernel_names("ag-gemm")  # the variants with kernels here (taxes.variants)
 
 
 @dataclass(frozen=True)

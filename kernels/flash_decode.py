@@ -53,9 +53,9 @@ from taxes.kernels.sync import (
     wait_at_least,
     wait_budget,
 )
-from taxes.variants import get, names
+from taxes.variants import get, kernel_names
 
-VARIANTS = names("flash-decode")  # the variants with kernels here (taxes.variants)
+VARIANTS = kernel_names("flash-decode")  # the variants with kernels here (taxes.variants)
 TRACE_WORDS = tl.constexpr(3)  # per program of a traced fused combine: start ns, ns spent waiting for peers, end ns
 SENTINEL_BITS = 0x7F80DEAD  # a NaN payload float arithmetic never produces (it yields 0x7FC00000)
 SDPA_LSE_BACKENDS = ("cudnn", "flash", "efficient")  # bsp-sdpa's local attention, tried in this order

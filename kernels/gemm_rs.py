@@ -74,7 +74,7 @@ import torch
 import triton
 import triton.language as tl
 
-from taxes.variants import names
+from taxes.variants import kernel_names
 from taxes.kernels.ag_gemm import nearest_tuned
 from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
 from taxes.kernels.runtime import RankContext, interpreting, replay_graph, sm_count_of
@@ -83,7 +83,7 @@ from taxes.kernels.sync import ERR_WORDS, peer_ptr, raise_if_timed_out, signal, 
 __all__ = ["VARIANTS", "Config", "GemmRsBsp", "GemmRsFused", "GemmRsFusedGraph", "GemmRsTorchFused", "check_shape",
            "make_variant", "reference", "tuned_config", "reduce_scatter_rows"]
 
-VARIANTS = names("gemm-rs")  # the variants with kernels here (taxes.variants)
+VARIANTS = kernel_names("gemm-rs")  # the variants with kernels here (taxes.variants)
 
 
 @dataclass(frozen=True)

@@ -44,14 +44,14 @@ import torch.nn.functional as torch_f
 import triton
 import triton.language as tl
 
-from taxes.variants import names
+from taxes.variants import kernel_names
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels import gemm_rs as rs
 from taxes.kernels.ag_gemm_torch import AgGemmBsp
 from taxes.kernels.launch import BoundLaunch
 from taxes.kernels.runtime import RankContext, SymBuffer, interpreting, replay_graph
 
-VARIANTS = names("tp-mlp")  # the variants with kernels here (taxes.variants)
+VARIANTS = kernel_names("tp-mlp")  # the variants with kernels here (taxes.variants)
 
 
 @dataclass(frozen=True)

@@ -159,8 +159,10 @@ def bytes_for_case(w, chosen: list[str], sets: int) -> float:
     every other variant's own buffers (gathered and staging buffers, the estimate's "gathered")."""
     from taxes import preflight
 
-    def estimated(name):  # bsp-sdpa holds what bsp does; a fused graph what its eager kernels do
-        v = get(w.name, name)
+    def estimated(name):  # bsp-sdpa holds what bsp does; a fused graph what its eager kernels do; fused-auto
+        v = get(w.name, name)  # at most what the fused kernel does (it runs that or the graph)
+        if v.rung == "auto":
+            return "all-fused-eager" if w.name == "tp-mlp" else "fused-push"
         return v.eager_twin if v.fused and v.graphed else v.model or name
 
     kinds = [estimated(v) for v in chosen]

@@ -86,6 +86,11 @@ def names(workload: str) -> tuple[str, ...]:
     return tuple(x.name for x in variants_of(workload) if x.measured)
 
 
+def kernel_names(workload: str) -> tuple[str, ...]:
+    """The variants with kernels of their own (fused-auto runs one of them)."""
+    return tuple(x.name for x in variants_of(workload) if x.measured and x.rung != "auto")
+
+
 def model_names(workload: str) -> tuple[str, ...]:
     """The variants the model predicts, in report order."""
     return tuple(x.name for x in variants_of(workload) if x.model == x.name)
