@@ -60,8 +60,9 @@ def emulated_doc():
 
 @pytest.fixture
 def gpu_doc():
-    """A real document from 2 x H200, measured under attribution rules since replaced (no rows)."""
-    return results.load(committed("reports/ag_gemm/h200-x2-N8192.json.gz"))
+    """A real document from 2 x H100 with rows: ag-gemm at M=1024 and 8192, every variant, four of them
+    perturbed by measuring at M=1024."""
+    return results.load(committed("reports/profile/ag_gemm-h100-x2.json.gz"))
 
 
 # ---- verdict first ---------------------------------------------------------------------------------
@@ -162,16 +163,18 @@ def test_a_real_document_leads_with_its_verdict(gpu_doc):
 
     text = render_text(lambda c: render.render_terminal(gpu_doc, c))
     lines = [line for line in text.splitlines() if line.strip()]
-    assert lines[0] == "ag-gemm (5 cases) on 2 x NVIDIA H200, world 2"
-    assert any(line.startswith("NO ROWS:") for line in lines[:5])
+    assert lines[0] == "ag-gemm (2 cases) on 2 x NVIDIA H100 80GB HBM3, world 2"
+    assert any(line.startswith("PERTURBED:") for line in lines[:5])
+    assert not any(line.startswith("NO ROWS:") for line in lines)
     summary = text[:text.index("us per iteration")]
     for case in gpu_doc["cases"]:
         iqm = {v["variant"]: _iqm(np.max(np.asarray(v["samples_us"]), axis=0)) for v in case["variants"]}
         best = min(iqm, key=iqm.get)
         shape = ",".join(f"{k}={v}" for k, v in case["shape"].items())
-        row = next(line for line in summary.splitlines() if shape in line)
+        row = next(line for line in summary.splitlines() if shape in line and line.startswith("│"))  # the table's row
         cells = [c.strip() for c in re.split(r"[│┃]", row) if c.strip()]
-        assert cells[1] == best
+        perturbed = next(v for v in case["variants"] if v["variant"] == best).get("perturbed", False)
+        assert cells[1] == (f"{best} PERTURBED" if perturbed else best)
         assert _number(cells[2]) == pytest.approx(iqm[best], abs=0.051)
         assert float(cells[3].rstrip("x")) == pytest.approx(iqm["bsp"] / iqm[best], abs=0.0051)
         assert float(cells[4].rstrip("x")) == pytest.approx(iqm["bsp-graph"] / iqm[best], abs=0.0051)
