@@ -71,7 +71,7 @@ def test_emulated_profile_of_both_workloads_checks_every_variant_and_closes():
 _CALLS = []  # the order in which the fake plain timing below was called (one list per forked rank)
 
 
-def _numbered_timing(ctx, run, input_sets, iters, warmup, label=""):
+def _numbered_timing(ctx, run, input_sets, iters, warmup, label="", align=None):
     """Stands in for taxes.harness.time_iterations: runs the variant once, returns the call's number per sample."""
     run(*input_sets[0])
     _CALLS.append(label)
