@@ -1,12 +1,8 @@
 """How the workloads move with the number of GPUs: measured E2E at 2, 4 and 8 GPUs beside the model's
 prediction of the same variant, and the predicted taxes.
 
-    python benchmarks/scaling.py --hardware reports/calibration/h200-x2-calibrated.json \
-        --hardware-for 8=reports/calibration/h200-x8-calibrated.json \
-        --measured reports/ag_gemm/h200-x2-N8192.json.gz reports/ag_gemm/h200-x2-N28672.json.gz \
-                   reports/flash_decode/h200-x2.json.gz reports/tp_mlp/h200-x2.json.gz \
-                   reports/scaling/*-h200-x4.json.gz reports/scaling/*-h200-x8.json.gz \
-        --out reports/scaling > reports/scaling/scaling.md
+    python benchmarks/scaling.py --hardware PROFILE --hardware-for 8=PROFILE_8 \
+        --measured DOCUMENT ... --out OUT > OUT/scaling.md
 
 Each GPU count gets a hardware profile: --hardware-for WORLD=PROFILE (repeatable), --hardware for the
 rest. Writes OUT/model-wP.json.gz (the model's predictions at every shape below, with that count's

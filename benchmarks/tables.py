@@ -3,8 +3,8 @@ mean over iterations of the slowest rank's time, us), the best fused variant and
 bulk-synchronous one and over PyTorch's own fused op where there is one; for flash decode the KV-read
 floor beside it.
 
-    python benchmarks/tables.py reports/ag_gemm/h200-x2-N8192.json.gz reports/ag_gemm/h200-x2-N28672.json.gz
-    python benchmarks/tables.py reports/flash_decode/h200-x2.json.gz --hbm-gbps 4245
+    python benchmarks/tables.py reports/profile/ag_gemm-h100-x2.json.gz reports/profile/ag_gemm-h100-x4.json.gz
+    python benchmarks/tables.py DOCUMENT --hbm-gbps GBPS     # flash decode: the KV-read floor at that rate
 
 Prints Markdown. A variant that failed its check, or was not run, reads "-".
 """

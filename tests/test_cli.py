@@ -329,7 +329,7 @@ def _taxes(args, columns=None, cwd=None):
                           cwd=cwd)
 
 
-REAL_DOC = str(committed("reports/ag_gemm/h200-x2-N8192.json.gz"))
+REAL_DOC = str(committed("reports/profile/gemm_rs-h100-x2.json.gz"))  # a real document with rows; its summary names every failed check
 
 
 @pytest.mark.parametrize("args", [["model", "ag-gemm", "--sweep", "M=1024:16384"], ["model", "tp-mlp"],

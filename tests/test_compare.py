@@ -28,7 +28,7 @@ from taxes.cli.main import TaxesGroup
 from taxes.errors import TaxesError
 from taxes.workloads import make_workload
 
-AG_GEMM = committed("reports/ag_gemm/h200-x2-N8192.json.gz")  # a measured sweep with every iteration's samples
+AG_GEMM = committed("reports/profile/ag_gemm-h100-x2.json.gz")  # two measured shapes with every iteration's samples
 FLASH_DECODE = Path(__file__).resolve().parent / "data" / "summary_only_flash_decode.json"  # medians only, no samples
 
 

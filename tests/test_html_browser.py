@@ -61,10 +61,11 @@ def test_the_report_of_an_emulated_run_loads_clean_and_leads_with_its_summary(br
 
 
 def test_a_real_gpu_report_and_a_model_report_load_clean(browser, tmp_path, model_doc):
-    gpu = results.load(committed("reports/ag_gemm/h200-x2-N8192.json.gz"))
+    gpu = results.load(committed("reports/profile/ag_gemm-h100-x2.json.gz"))
     problems, v = _open(browser, tmp_path, gpu)
-    assert problems == [] and v["title"] == "ag-gemm (5 cases) on 2 x NVIDIA H200, world 2"
-    assert v["summary_first"] and v["summary_rows"] == 5 and "NO ROWS" in v["marks"]
+    assert problems == [] and v["title"] == "ag-gemm (2 cases) on 2 x NVIDIA H100 80GB HBM3, world 2"
+    assert v["summary_first"] and v["summary_rows"] == 2 and v["marks"] == ["PERTURBED"]
+    assert v["images"] and all(v["images"])  # its rows' charts, every one drawn
     problems, v = _open(browser, tmp_path, model_doc, "model.html")
     assert problems == [] and v["summary_rows"] == len(model_doc["cases"]) and all(v["images"])
     assert "PREDICTED" in v["marks"]

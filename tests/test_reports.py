@@ -61,8 +61,9 @@ def emulated_doc():
 
 @pytest.fixture
 def gpu_doc():
-    """A real document from 2 x H200, measured under attribution rules since replaced (no rows)."""
-    return results.load(committed("reports/ag_gemm/h200-x2-N8192.json.gz"))
+    """A real document from 2 x H100 with rows: ag-gemm at M=1024 and 8192, every variant, four of them
+    perturbed by measuring at M=1024."""
+    return results.load(committed("reports/profile/ag_gemm-h100-x2.json.gz"))
 
 
 # ---- verdict first ---------------------------------------------------------------------------------
@@ -164,18 +165,20 @@ def test_a_real_document_leads_with_its_verdict(gpu_doc):
 
     text = render_text(lambda c: render.render_terminal(gpu_doc, c))
     lines = [line for line in text.splitlines() if line.strip()]
-    assert lines[0] == "ag-gemm (5 cases) on 2 x NVIDIA H200, world 2"
-    assert any(line.startswith("NO ROWS:") for line in lines[:5])
+    assert lines[0] == "ag-gemm (2 cases) on 2 x NVIDIA H100 80GB HBM3, world 2"
+    assert any(line.startswith("PERTURBED:") for line in lines[:5])
+    assert not any(line.startswith("NO ROWS:") for line in lines)
     summary = text[:text.index("us per iteration")]
     for case in gpu_doc["cases"]:
         iqm = {v["variant"]: _iqm(np.max(np.asarray(v["samples_us"]), axis=0)) for v in case["variants"]}
         best = min(iqm, key=iqm.get)
         shape = ", ".join(f"{k}={v}" for k, v in case["shape"].items())
-        row = next(line for line in summary.splitlines() if shape in line)
+        row = next(line for line in summary.splitlines() if shape in line and line.lstrip().startswith("│"))
         cells = [c.strip() for c in re.split(r"[│┃]", row) if c.strip()]
-        name, time_us, stat = cells[1].split(" ")
-        assert name == best and stat == "(IQM)"
-        assert _number(time_us) == pytest.approx(iqm[best], abs=0.051)
+        words = cells[1].split(" ")
+        perturbed = next(v for v in case["variants"] if v["variant"] == best).get("perturbed", False)
+        assert words[0] == best and words[-1] == "(IQM)" and ("PERTURBED" in words) == perturbed, cells[1]
+        assert _number(words[-2]) == pytest.approx(iqm[best], abs=0.051)
         vs_bsp, vs_graph = cells[2].split(" / ")
         assert float(vs_bsp.rstrip("x")) == pytest.approx(iqm["bsp"] / iqm[best], abs=0.0051)
         assert float(vs_graph.rstrip("x")) == pytest.approx(iqm["bsp-graph"] / iqm[best], abs=0.0051)
