@@ -135,6 +135,14 @@ def first_launch_us(hw: HardwareProfile, kind: str) -> float:
     return v if v is not None else hw.launch_us(kind)
 
 
+def replay_launch_us(hw: HardwareProfile, first_launcher: str) -> float:
+    """From an idle device's iteration start to a CUDA graph's first kernel: the replay's own launch as
+    calibrate measured it (first_launch_us "graph", else the replay call's host time); a profile that
+    measured neither prices it as the launch of the graph's first kernel (one call starts the same work)."""
+    measured = "graph" in (_figures(hw).get("first_launch_us") or {}) or "graph" in hw.launch_host_us
+    return first_launch_us(hw, "graph" if measured else first_launcher)
+
+
 def collective_curve(hw: HardwareProfile, op: str, world: int) -> list[tuple[float, float]] | None:
     """(bytes received per rank, device us) of an NCCL collective as calibrate measured it at this world:
     the op's own curve, else the all-gather's (the same bytes cross the same links); None where the profile
@@ -176,21 +184,22 @@ def collective_us(op: str, nbytes_in: float, world: int, hw: HardwareProfile) ->
     return hw.collective_base_us + nbytes_in / (hw.inbound_bytes_per_us(world) * hw.collective_efficiency)
 
 
-def copier_rate_bytes_per_us(hw: HardwareProfile, world: int, copier_ctas: int) -> float:
-    """Bytes per us a fused kernel's producers deliver to one rank from all its peers: the link's achieved
-    rate (p2p efficiency), capped where calibrate measured a peer copy by a few CTAs
-    (figures["peer_cta_gbps"]: one CTA's rate; figures["peer_cta_max_gbps"]: the most any count reached)
-    at what copier_ctas CTAs move; copier_ctas 0 is the copy engine (figures["peer_copy_gbps"])."""
+def copier_rate_bytes_per_us(hw: HardwareProfile, world: int, copier_ctas: int, push: bool) -> float:
+    """Bytes per us a fused GEMM's producers deliver to one rank from all its peers: the link's achieved
+    rate (p2p efficiency), capped where calibrate measured peer copies by a few CTAs at what copier_ctas
+    CTAs move (figures peer_cta_gbps per CTA and peer_cta_max_gbps at most for a push's stores,
+    peer_cta_load_* for a pull's loads); copier_ctas 0 is the copy engine (figures peer_copy_gbps, from
+    each of the world - 1 peers)."""
     link = hw.inbound_bytes_per_us(world) * hw.p2p_efficiency
     figs = _figures(hw)
     if copier_ctas <= 0:
-        ce = _number(figs.get("peer_copy_gbps"))
-        return min(link, ce * 1e3 * (world - 1)) if ce else link
-    per_cta, most = _number(figs.get("peer_cta_gbps")), _number(figs.get("peer_cta_max_gbps"))
+        engine = _number(figs.get("peer_copy_gbps"))
+        return min(link, engine * 1e3 * (world - 1)) if engine else link
+    key = "peer_cta" if push else "peer_cta_load"
+    per_cta, most = _number(figs.get(f"{key}_gbps")), _number(figs.get(f"{key}_max_gbps"))
     if per_cta is None:
         return link
-    ctas = per_cta * copier_ctas * 1e3
-    return min(link, ctas, most * 1e3 if most else math.inf)
+    return min(link, per_cta * copier_ctas * 1e3, most * 1e3 if most else math.inf)
 
 
 # ---- building blocks, all in us ------------------------------------------------------------------
@@ -291,7 +300,7 @@ def _ag_gemm_steps(w: AgGemm, variant: str, hw: HardwareProfile, fl: Floor, opt:
     sm_share = hw.sm_count / (hw.sm_count - opt.push_producer_sms) if push else 1.0
     compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share
     n = (p - 1) * opt.chunks_per_peer
-    rate = copier_rate_bytes_per_us(hw, p, opt.copier_ctas) if p > 1 else math.inf
+    rate = copier_rate_bytes_per_us(hw, p, opt.copier_ctas, push) if p > 1 else math.inf
     signal = hw.link_latency_us + (hw.flag_round_trip_us / 2 if push else 0.0)
 
     def run(skew: float) -> tuple[float, float]:
@@ -321,7 +330,7 @@ def _gemm_rs_steps(w: GemmRs, variant: str, hw: HardwareProfile, fl: Floor, opt:
     compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share
     n = (p - 1) * opt.chunks_per_peer  # chunks of the peers' row blocks, computed first
     chunk_c, chunk_bytes = compute / p / opt.chunks_per_peer, w.link_bytes() / max(n, 1)
-    rate = copier_rate_bytes_per_us(hw, p, opt.copier_ctas) if p > 1 else math.inf
+    rate = copier_rate_bytes_per_us(hw, p, opt.copier_ctas, push) if p > 1 else math.inf
     signal = hw.link_latency_us + (hw.flag_round_trip_us / 2 if push else 0.0)
 
     def run(skew: float) -> tuple[float, float]:
@@ -439,12 +448,12 @@ def schedule(steps: list[Step], graphed: bool, hw: HardwareProfile) -> tuple[lis
     idle device first_launch_us - launch_us after the call returns (calibrate's idle launch; 0 unmeasured).
     The device starts a step when its launch has arrived and eager_gap_us after the previous step ended, so
     a launch issued while the previous kernel runs costs nothing. CUDA graph: the replay reaches the idle
-    device at first_launch_us("graph"), then each kernel follows the previous one after launch_graph_us."""
+    device at replay_launch_us, then each kernel follows the previous one after launch_graph_us."""
     phases, t, idle, host = [], 0.0, 0.0, 0.0
     gap = hw.launch_graph_us if graphed else eager_gap_us(hw)
     for i, step in enumerate(steps):
         if graphed:
-            ready = first_launch_us(hw, "graph") if i == 0 else 0.0
+            ready = replay_launch_us(hw, step.launcher) if i == 0 else 0.0
         else:
             host += hw.launch_us(step.launcher)
             ready = host + first_launch_us(hw, step.launcher) - hw.launch_us(step.launcher)
