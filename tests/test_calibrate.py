@@ -956,3 +956,27 @@ def test_collectives_are_priced_from_their_own_curve_at_their_world():
     step = next(ph for ph in predict(w, "bsp", prof).phases if ph.name == "all_gather")
     fit = prof.collective_base_us + w.link_bytes() / (prof.inbound_bytes_per_us(8) * prof.collective_efficiency)
     assert step.parts["ideal"] + step.parts["exposed_transfer"] == pytest.approx(fit, rel=1e-9)
+
+
+def test_committed_calibrations_load_by_name_and_say_where_and_when_they_were_measured(capsys):
+    """Each profile in reports/calibration loads by its name (KIND-xWORLD-calibrated) and `taxes hardware
+    list` and `show` give the machine and the date its own record holds."""
+    from collections import Counter
+
+    from taxes.hardware import calibrated_name
+
+    code, listing, err = run_cli(["hardware", "list"], capsys)
+    assert code == 0, err
+    for path in sorted((ROOT / "reports" / "calibration").glob("*.json")):
+        record = json.loads(path.read_text())["extra"]["calibration"]
+        gpus, date = record["metadata"]["gpu_names"], record["metadata"]["date"][:10]
+        machine = ", ".join(f"{n} x {g}" if n > 1 else g for g, n in Counter(gpus).items())
+        assert get_profile(path.stem).name == path.stem
+        if path.stem.endswith("-calibrated"):  # the name a machine of these GPUs looks for
+            assert path.stem == calibrated_name(gpus[0], len(gpus))
+        row = next(line for line in listing.splitlines() if f" {path.stem} " in line)
+        assert f"measured on {machine}, {date}" in row
+        code, shown, err = run_cli(["hardware", "show", path.stem], capsys)
+        assert code == 0, err
+        assert any("machine" in line and machine in line for line in shown.splitlines())
+        assert any(" date " in line and date in line for line in shown.splitlines())
