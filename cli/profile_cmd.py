@@ -386,7 +386,7 @@ def _gpu_name() -> str:
 @click.option("--workloads", default="ag-gemm,flash-decode", show_default=True)
 @click.option("--gpus", type=int, default=2, show_default=True)
 @click.option("--hardware", "hardware_name", default=None,
-              help="default: with --from, the profile each document names; else as in profile")
+              help="default: with --from, the profile the first document names, else the calibration saved for its GPUs and world; else as in profile")
 @click.option("--iters", type=int, default=20, show_default=True)
 @click.option("--emulate", is_flag=True)
 @click.option("--from", "from_docs", multiple=True, help="validate existing result documents instead of running")
@@ -397,7 +397,7 @@ def _gpu_name() -> str:
 @click.option("--clock", type=click.Choice(["auto", "cupti", "torch.profiler"]), default="auto", show_default=True)
 @click.option("--records", default=None, help="--planted: also write every case's raw records here (.json.gz)")
 @click.option("--each-calibration", default=None, metavar="DIR",
-              help="with --from: also the E2E error with every calibrated profile in DIR (its spread)")
+              help="with --from: also the E2E error of every variant with every calibrated profile in DIR (its spread)")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, output, timeout_s, planted, clock, records,
                  each_calibration, fmt):

@@ -330,7 +330,7 @@ def _gemm_rs_steps(w: GemmRs, variant: str, hw: HardwareProfile, fl: Floor, opt:
     compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share
     n = (p - 1) * opt.chunks_per_peer  # chunks of the peers' row blocks, computed first
     chunk_c, chunk_bytes = compute / p / opt.chunks_per_peer, w.link_bytes() / max(n, 1)
-    rate = copier_rate_bytes_per_us(hw, p, opt.copier_ctas, push) if p > 1 else math.inf
+    rate = hw.inbound_bytes_per_us(p) * hw.p2p_efficiency  # every GEMM CTA stores its peers' tiles
     signal = hw.link_latency_us + (hw.flag_round_trip_us / 2 if push else 0.0)
 
     def run(skew: float) -> tuple[float, float]:
