@@ -127,36 +127,50 @@ def eager_gap_us(hw: HardwareProfile) -> float:
     return max(hw.launch_graph_us, measured)
 
 
+def _first_launches(hw: HardwareProfile) -> dict:
+    firsts = _figures(hw).get("first_launch_us")
+    return firsts if isinstance(firsts, dict) else {}
+
+
 def first_launch_us(hw: HardwareProfile, kind: str) -> float:
     """From an idle device's iteration start to the first kernel's start when launcher `kind` issues it:
     calibrate's idle launch (figures["first_launch_us"][kind]: a start event, one launch, the kernel's start
     on the device); the launcher's host time where the profile lacks the reading."""
-    v = _number((_figures(hw).get("first_launch_us") or {}).get(kind))
-    return v if v is not None else hw.launch_us(kind)
+    v = _number(_first_launches(hw).get(kind))
+    return v if v is not None and v >= 0 else hw.launch_us(kind)
 
 
 def replay_launch_us(hw: HardwareProfile, first_launcher: str) -> float:
     """From an idle device's iteration start to a CUDA graph's first kernel: the replay's own launch as
     calibrate measured it (first_launch_us "graph", else the replay call's host time); a profile that
     measured neither prices it as the launch of the graph's first kernel (one call starts the same work)."""
-    measured = "graph" in (_figures(hw).get("first_launch_us") or {}) or "graph" in hw.launch_host_us
+    measured = "graph" in _first_launches(hw) or "graph" in hw.launch_host_us
     return first_launch_us(hw, "graph" if measured else first_launcher)
+
+
+def _points(raw) -> list[tuple[float, float]]:
+    """A curve's (bytes_in, us) points, those that are numbers (bytes >= 0, time > 0) only."""
+    out = []
+    for p in raw if isinstance(raw, list) else []:
+        x, y = (_number(p.get("bytes_in")), _number(p.get("us"))) if isinstance(p, dict) else (None, None)
+        if x is not None and y is not None and x >= 0 and y > 0:
+            out.append((x, y))
+    return out
 
 
 def collective_curve(hw: HardwareProfile, op: str, world: int) -> list[tuple[float, float]] | None:
     """(bytes received per rank, device us) of an NCCL collective as calibrate measured it at this world:
     the op's own curve, else the all-gather's (the same bytes cross the same links); None where the profile
     holds no curve at this world."""
-    cal = (hw.extra or {}).get("calibration") or {}
-    curves = cal.get("collective_curves") or []
+    cal = (hw.extra or {}).get("calibration")
+    cal = cal if isinstance(cal, dict) else {}
+    curves = [c for c in cal.get("collective_curves") or [] if isinstance(c, dict)]
     for want in (op, "all_gather"):
         for c in curves:
-            if c.get("op") == want and c.get("world") == world:
-                pts = [(float(p["bytes_in"]), float(p["us"])) for p in c.get("points", [])]
-                if len(pts) >= 2:
-                    return pts
-    if cal.get("world") == world and len(cal.get("nccl_curve") or []) >= 2:  # the all-gather curve every calibration keeps
-        return [(float(p["bytes_in"]), float(p["us"])) for p in cal["nccl_curve"]]
+            if c.get("op") == want and c.get("world") == world and len(_points(c.get("points"))) >= 2:
+                return _points(c.get("points"))
+    if cal.get("world") == world and len(_points(cal.get("nccl_curve"))) >= 2:  # the all-gather every calibration keeps
+        return _points(cal.get("nccl_curve"))
     return None
 
 

@@ -479,3 +479,17 @@ def test_checks_hold_on_every_sweep_of_every_profile(hw_name):
                         if twin in by:
                             assert p.components["launch"] <= by[twin].components["launch"] + 1e-6
     assert count > 2000
+
+
+def test_readings_that_are_not_numbers_fall_back_to_the_profiles_fields():
+    """A profile's calibration record with unusable readings (a hand-edited file): the model takes the
+    profile's own fields, as for a datasheet profile."""
+    base = BUILTIN["h100-sxm"]
+    broken = dataclasses.replace(base, extra={"calibration": {
+        "world": 2, "nccl_curve": [{"bytes_in": "x", "us": 3}, None, {"us": -1, "bytes_in": 5}],
+        "collective_curves": ["junk", {"op": "all_gather", "world": 2, "points": "none"}],
+        "figures": {"first_launch_us": [1, 2], "prefilled_period_us": "fast", "peer_cta_gbps": None}}})
+    for name in WORKLOADS:
+        w = make_workload(name, {}, 2)
+        for v in model_variants(name):
+            assert predict(w, v, broken).e2e_us == pytest.approx(predict(w, v, base).e2e_us, rel=1e-12), (name, v)
