@@ -457,16 +457,17 @@ def hardware():
 @hardware.command("list")
 def hardware_list():
     """List every profile with its headline figures."""
+    from taxes.calibrate.present import origin_line
     from taxes.console import print_table
     from taxes.hardware import all_profiles
 
-    header = ["name", "source", "bf16 TFLOP/s", "HBM GB/s", "link GB/s (peer / all)", "SMs", "description"]
+    header = ["name", "source", "file", "bf16 TFLOP/s", "HBM GB/s", "link GB/s (peer / all)", "SMs", "description"]
     rows = []
     for name, (p, origin) in all_profiles().items():
         if p is None:
-            rows.append([name, origin, "-", "-", "-", "-", "does not load: taxes hardware show " + name])
+            rows.append([name, "-", origin, "-", "-", "-", "-", "does not load: taxes hardware show " + name])
             continue
-        rows.append([name, origin if origin != "built-in" else p.source, f"{p.matrix_tflops.get('bf16', 0):,.0f}",
+        rows.append([name, origin_line(p), origin, f"{p.matrix_tflops.get('bf16', 0):,.0f}",
                      f"{p.hbm_gbps:,.0f}", f"{p.peer_link_gbps:,.0f} / {p.injection_gbps:,.0f}", str(p.sm_count),
                      p.description])
     print_table(_stdout_console(), "hardware profiles", header, rows, left=2)
@@ -486,10 +487,13 @@ def hardware_show(name, fmt):
     if fmt == "json":
         _emit(json.dumps(profile_to_dict(p), indent=1) + "\n", None)
         return
+    from taxes.calibrate.present import calibration_origin
     from taxes.console import print_table
 
-    rows = [[k, ", ".join(f"{d} {x:g}" for d, x in v.items()) if isinstance(v, dict) else f"{v:g}"]
-            for k, v in asdict(p).items() if k not in ("name", "description", "source", "extra")]
+    o = calibration_origin(p)
+    rows = [[k, str(o[k])] for k in ("machine", "date", "world", "commit") if o and o[k] is not None]
+    rows += [[k, ", ".join(f"{d} {x:g}" for d, x in v.items()) if isinstance(v, dict) else f"{v:g}"]
+             for k, v in asdict(p).items() if k not in ("name", "description", "source", "extra")]
     print_table(_stdout_console(), f"{p.name}: {p.description} ({p.source})", ["figure", "value"], rows)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 
@@ -293,101 +292,37 @@ VALIDATE_GRID = {
 }
 
 
-def validation_rows(docs: list[dict]) -> list[dict]:
-    """Per case and variant: predicted and measured E2E (interquartile means; older documents: medians) and
-    each tax, with signed errors (percent of measured). A measured launch tax is the launch and host-bound
-    rows together: the model's launch cost is the host's whole launch path."""
-    from taxes.model import TAXES
-
-    rows = []
-    for doc in docs:
-        for case in doc["cases"]:
-            for v in case["variants"]:
-                pred = v.get("prediction")
-                med = v.get("plain_e2e_us") or v["e2e_us"].get("median")
-                if not pred or not med:
-                    continue
-                overall = {c["name"]: c["value_us"] for c in v["components"] if c["rank"] is None}
-                row = {"workload": case["workload"], "shape": ",".join(f"{k}={x}" for k, x in case["shape"].items()),
-                       "variant": v["variant"], "measured_e2e_us": med, "predicted_e2e_us": pred["e2e_us"],
-                       "e2e_error_pct": 100 * (pred["e2e_us"] - med) / med}
-                for tax, parts in TAXES.items():
-                    measured_parts = parts + (("host_bound",) if "launch" in parts else ())
-                    if overall:
-                        m = math.fsum(overall.get(c, 0.0) for c in measured_parts)
-                        row[f"measured_{tax}_us"] = m
-                    p = math.fsum(pred["components"].get(c, 0.0) for c in parts)
-                    row[f"predicted_{tax}_us"] = p
-                    if overall and m > 0:
-                        row[f"{tax}_error_pct"] = 100 * (p - m) / m
-                rows.append(row)
-    return rows
-
-
-def validation_summary(rows: list[dict], hardware: str) -> dict:
-    """E2E MAPE, per-tax mean signed and absolute errors, and the worst case, over the rows."""
-    from taxes.model import TAXES
-
-    errs = [abs(r["e2e_error_pct"]) for r in rows]
-    worst = max(rows, key=lambda r: abs(r["e2e_error_pct"]))
-    per_tax = {}
-    for tax in TAXES:
-        e = [r[f"{tax}_error_pct"] for r in rows if r.get(f"{tax}_error_pct") is not None]
-        us = [r[f"predicted_{tax}_us"] - r[f"measured_{tax}_us"] for r in rows if f"measured_{tax}_us" in r]
-        if e:
-            per_tax[tax] = {"cases": len(e), "mean_signed_error_pct": sum(e) / len(e),
-                            "mean_absolute_error_pct": sum(abs(x) for x in e) / len(e),
-                            "mean_signed_error_us": sum(us) / len(us), "mean_absolute_error_us": sum(map(abs, us)) / len(us)}
-    return {"hardware": hardware, "cases": len(rows), "e2e_mape_pct": sum(errs) / len(errs), "per_tax": per_tax,
-            "worst": {k: worst[k] for k in ("workload", "shape", "variant", "e2e_error_pct")}, "rows": rows}
-
-
-def _print_validation(rows: list[dict], summary: dict) -> None:
-    from pathlib import Path
-
+def _print_validation(table: dict) -> None:
+    """The validation table (taxes.validation.table) at the terminal: per row the E2E and each tax's signed
+    error, then per world the E2E error and the per-tax errors where a tax is at least 5% of E2E."""
     from taxes.console import print_table, say, stdout_console
     from taxes.model import TAXES
 
-    def tax_cell(r, t):
-        return f"{r[f'{t}_error_pct']:+.0f}%" if r.get(f"{t}_error_pct") is not None else "-"
+    def cell(r, t):
+        e = r.get(f"{t}_error_pct")
+        return "-" if e is None else f"{e:+.0f}% ({r[f'{t}_share_pct']:.0f}%)"
 
-    print_table(stdout_console(), f"the model against measurement ({summary['hardware']})",
-                ["workload", "shape", "variant", "measured us", "predicted us", "error"] + [f"{t} error" for t in TAXES],
-                [[r["workload"], r["shape"], r["variant"], f"{r['measured_e2e_us']:,.1f}", f"{r['predicted_e2e_us']:,.1f}",
-                  f"{r['e2e_error_pct']:+.1f}%"] + [tax_cell(r, t) for t in TAXES] for r in rows], left=3)
-    w = summary["worst"]
-    say(f"E2E mean absolute percentage error {summary['e2e_mape_pct']:.1f}% over {summary['cases']} cases; "
-        f"worst {w['variant']} {w['shape']} ({w['e2e_error_pct']:+.1f}%)")
-    for tax, d in summary["per_tax"].items():
-        say(f"{tax} tax: mean signed error {d['mean_signed_error_us']:+.1f} us ({d['mean_signed_error_pct']:+.0f}%), "
-            f"mean absolute {d['mean_absolute_error_us']:.1f} us ({d['mean_absolute_error_pct']:.0f}%) over "
-            f"{d['cases']} cases (predicted against measured rows)")
-    for c in summary.get("calibrations", []):
-        say(f"with {c['profile']} ({Path(c['path']).name}): E2E MAPE {c['e2e_mape_pct']:.1f}% over {c['cases']} cases")
-    if summary.get("calibrations"):
-        m = [c["e2e_mape_pct"] for c in summary["calibrations"]]
-        say(f"E2E MAPE over {len(m)} calibrations: {min(m):.1f}% to {max(m):.1f}%")
-
-
-def _mape_per_calibration(from_docs, directory: str) -> list[dict]:
-    """The same documents attributed and predicted with every calibrated profile in `directory`."""
-    from pathlib import Path
-
-    from taxes.document import reattribute
-    from taxes.hardware import load_profile_file
-    from taxes.results import load
-
-    out = []
-    for path in sorted(Path(directory).glob("*.json")):
-        try:
-            hw = load_profile_file(path)
-        except TaxesError:
-            continue  # not a profile (raw readings)
-        rows = validation_rows([reattribute(load(p), hw) for p in from_docs])
-        if rows:
-            out.append({"profile": hw.name, "path": str(path), "cases": len(rows),
-                        "e2e_mape_pct": sum(abs(r["e2e_error_pct"]) for r in rows) / len(rows)})
-    return out
+    print_table(stdout_console(), f"the model against measurement ({table['hardware']})",
+                ["workload", "shape", "world", "variant", "measured us", "predicted us", "error"]
+                + [f"{t} error (share)" for t in TAXES],
+                [[r["workload"], r["shape"], str(r["world"]), r["variant"], f"{r['measured_e2e_us']:,.1f}",
+                  f"{r['predicted_e2e_us']:,.1f}", f"{r['e2e_error_pct']:+.1f}%"] + [cell(r, t) for t in TAXES]
+                 for r in table["rows"]], left=4)
+    for world, s in table["per_world"].items():
+        e = s["e2e"]
+        say(f"world {world}: E2E mean absolute error {e['mean_absolute_error_pct']:.1f}% over {s['cases']} cases, "
+            f"{e['within_10_pct']} within 10%; worst {e['worst']['variant']} {e['worst']['shape']} "
+            f"({e['worst']['error_pct']:+.1f}%)")
+        for tax, d in s["per_tax"].items():
+            m = d.get("where_it_matters")
+            if m:
+                say(f"world {world}: {tax}: mean signed {m['mean_signed_error_pct']:+.0f}%, mean absolute "
+                    f"{m['mean_absolute_error_pct']:.0f}% over the {m['cases']} cases where it is at least 5% of E2E "
+                    f"({m['within_25_pct']} within 25%)")
+    held = [h for h in table["held_out"] if h["held_out"]]
+    say(f"held out (in no test and no tuning table): {', '.join(h['workload'] + ' ' + h['shape'] for h in held) or 'none'}")
+    for c in table.get("calibrations", {}).get("profiles", []):
+        say(f"with {c['profile']}: E2E mean absolute error {c['e2e_mean_absolute_error_pct']:.1f}% over {c['cases']} cases")
 
 
 def gpu_kind(name: str) -> str:
@@ -472,7 +407,7 @@ def _gpu_name() -> str:
 @click.option("--workloads", default="ag-gemm,flash-decode", show_default=True)
 @click.option("--gpus", type=int, default=2, show_default=True)
 @click.option("--hardware", "hardware_name", default=None,
-              help="default: with --from, the profile each document names; else as in profile")
+              help="default: with --from, the profile the first document names, else the calibration saved for its GPUs and world; else as in profile")
 @click.option("--iters", type=int, default=20, show_default=True)
 @click.option("--emulate", is_flag=True)
 @click.option("--from", "from_docs", multiple=True, help="validate existing result documents instead of running")
@@ -483,7 +418,7 @@ def _gpu_name() -> str:
 @click.option("--clock", type=click.Choice(["auto", "cupti", "torch.profiler"]), default="auto", show_default=True)
 @click.option("--records", default=None, help="--planted: also write every case's raw records here (.json.gz)")
 @click.option("--each-calibration", default=None, metavar="DIR",
-              help="with --from: also the E2E error with every calibrated profile in DIR (its spread)")
+              help="with --from: also the E2E error of every variant with every calibrated profile in DIR (its spread)")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--force", is_flag=True, help="replace DIR/validation.json when it exists (without it, that is an error)")
 def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, output, timeout_s, planted, clock, records,
@@ -520,13 +455,15 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
         check_output(os.path.join(output, "validation.json"), force, "-o")  # before any work
     if not from_docs and not emulate and surely_no_gpu():
         raise TaxesError(NO_GPU.replace("profile:", "validate:") + "; or --from RESULT.json to validate measured documents")
+    from taxes import validation
     from taxes.document import reattribute
     from taxes.hardware import get_profile
     from taxes.results import load
 
     if from_docs:
-        hw = get_profile(hardware_name or _named_profile(from_docs))
-    docs = [reattribute(_measured(p), hw) for p in from_docs]  # the same measurements, floors from this profile
+        measured = [_measured(p) for p in from_docs]
+        hw = get_profile(hardware_name) if hardware_name else validation.document_profile(measured[0])[0]
+    docs = [reattribute(d, hw) for d in measured] if from_docs else []  # the same measurements, floors from this profile
     if not docs:
         from taxes.profiling import profile
 
@@ -547,16 +484,11 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
                     _write(res.document, output, False)
     if not docs:
         return
-    rows = validation_rows(docs)
-    if not rows:
-        raise TaxesError("validate: no variant with both a prediction and a measurement")
-    summary = validation_summary(rows, hw.name)
-    if each_calibration:
-        summary["calibrations"] = _mape_per_calibration(from_docs, each_calibration)
+    summary = validation.table(docs, hw, list(from_docs), each_calibration if from_docs else None)
     if fmt == "json":
         write_stdout(json.dumps(summary, indent=1, allow_nan=False) + "\n")
     else:
-        _print_validation(rows, summary)
+        _print_validation(summary)
     if output:
         os.makedirs(output, exist_ok=True)
         path = os.path.join(output, "validation.json")
@@ -581,19 +513,6 @@ def _measured(path: str) -> dict:
         raise TaxesError(f"--from {_shown(path)}: made from traces (taxes analyze): no workload shape for the model "
                          "to predict; give documents from taxes profile")
     return doc
-
-
-def _named_profile(paths) -> str:
-    """The hardware profile the first document names, when it loads here; else h200-sxm."""
-    from taxes.hardware import get_profile
-    from taxes.results import load
-
-    try:
-        name = load(paths[0])["metadata"].get("hardware_profile")
-        get_profile(name)
-        return name
-    except Exception:
-        return "h200-sxm"
 
 
 EMULATE_GRID = {"ag-gemm": ["M=64,N=64,K=32"], "flash-decode": ["B=1,Hq=8,Hkv=2,D=64,S=256"]}

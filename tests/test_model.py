@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 from _util import assert_one_line
@@ -36,21 +38,17 @@ def check_prediction(pred, hw) -> None:
     assert len(pred.phases) == w.kernel_count(pred.variant)
     prev_end = 0.0
     gaps = []
-    for i, ph in enumerate(pred.phases):
+    for ph in pred.phases:
         assert ph.role in ("compute", "communication")
         assert ph.start_us >= prev_end - tol, "phases overlap"
         assert ph.end_us >= ph.start_us
         assert all(v >= -1e-12 for v in ph.parts.values())
         assert set(ph.parts) <= set(COMPONENTS) - {"launch"}
         assert abs((ph.end_us - ph.start_us) - math.fsum(ph.parts.values())) <= tol
-        # the launch queue (model.schedule's docstring)
-        if get(pred.workload.name, pred.variant).graphed:
-            ready = hw.launch_eager_us if i == 0 else prev_end + hw.launch_graph_us
-        else:
-            ready = (i + 1) * hw.launch_eager_us
-        assert abs(ph.start_us - max(prev_end, ready)) <= tol
         gaps.append(ph.start_us - prev_end)
         prev_end = ph.end_us
+    # the first kernel waits for its launch at least; no kernel starts before its launch could arrive
+    assert gaps[0] > 0
     assert abs(pred.phases[-1].end_us - pred.e2e_us) <= tol
     # the launch tax is the device's idle time: the gaps before and between phases
     assert abs(comp["launch"] - math.fsum(gaps)) <= tol
@@ -65,8 +63,9 @@ def check_prediction(pred, hw) -> None:
     assert taxes["data-locality"] == comp["locality"] and taxes["kernel-launch"] == comp["launch"]
     # the floor's ideal never exceeds what any variant takes
     assert pred.floor.ideal_us <= pred.e2e_us + tol
-    if w.world == 1:  # nobody to wait for
-        assert comp["sync_wait"] == 0.0 and pred.floor.link_us == 0.0
+    if w.world == 1:  # nobody to wait for, nothing to send
+        assert comp["sync_wait"] == comp["exposed_transfer"] == comp["start_skew"] == 0.0
+        assert pred.floor.link_us == 0.0 and pred.exposed_communication_us == 0.0
 
 
 @pytest.mark.parametrize("name, variant", [(n, v) for n in WORKLOADS for v in model_variants(n)])
@@ -224,11 +223,13 @@ def test_graph_changes_only_the_launch_tax(w, hw_name):
             assert eager.components[c] == graph.components[c], c
     assert eager.e2e_us - graph.e2e_us == pytest.approx(
         eager.components["launch"] - graph.components["launch"], abs=1e-9 * eager.e2e_us)
-    # a graph: one launch call, then launch_graph_us before each later kernel
+    # a graph: one replay call (a datasheet profile prices it as any launch), then launch_graph_us before
+    # each later kernel
     n = w.kernel_count(bsp_graph)
     assert graph.components["launch"] == pytest.approx(hw.launch_eager_us + (n - 1) * hw.launch_graph_us, rel=1e-9)
-    # eager: the first kernel waits for its launch at least
+    # eager: the first kernel waits for its launch at least, and never pays less than the graph
     assert eager.components["launch"] >= hw.launch_eager_us * (1 - 1e-12)
+    assert eager.components["launch"] >= graph.components["launch"] * (1 - 1e-12)
 
 
 def test_eager_launches_cost_their_launchers_host_time():
@@ -269,20 +270,29 @@ def test_fused_ag_gemm_has_less_locality_than_bsp(hw_name, world):
         assert predict(w, v, hw).components["locality"] < bsp
 
 
-@pytest.mark.parametrize("name", ["ag-gemm", "gemm-rs"])
-def test_bsp_sync_wait_is_one_skew_per_collective(name):
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_the_start_skew_is_paid_once_per_iteration_at_the_first_wait(name):
+    """The ranks leave the barrier rank_skew_us apart; the first step that waits for a peer absorbs it and
+    the ranks go on in step: tp-mlp's two collectives pay it once, like one collective. It is no tax."""
     hw = BUILTIN["h100-sxm"]
     for world in (2, 4):
-        pred = predict(make_workload(name, {}, world), "bsp", hw)
-        n_coll = sum(ph.role == "communication" for ph in pred.phases)
-        assert n_coll == 1
-        assert pred.components["sync_wait"] == pytest.approx(n_coll * hw.rank_skew_us)
+        w = make_workload(name, {}, world)
+        for v in model_variants(name):
+            pred = predict(w, v, hw)
+            if get(name, v).bulk_synchronous:  # eager and graphed: the first collective waits the whole skew
+                assert pred.components["start_skew"] == pytest.approx(hw.rank_skew_us)
+            assert pred.components["start_skew"] <= hw.rank_skew_us * (1 + 1e-12)
+            assert sum(ph.parts.get("start_skew", 0.0) > 0 for ph in pred.phases) <= 1
+            skewless = predict(w, v, dataclasses.replace(hw, rank_skew_us=0.0))
+            assert skewless.components["start_skew"] == 0.0
+            assert pred.e2e_us - skewless.e2e_us == pytest.approx(pred.components["start_skew"], abs=1e-9 * pred.e2e_us)
+            assert pred.taxes_us() == pytest.approx(skewless.taxes_us(), abs=1e-9 * pred.e2e_us)
 
 
 def test_taxes_table_is_a_partition_of_the_tax_components():
     named = [c for parts in TAXES.values() for c in parts]
     assert len(named) == len(set(named))
-    assert set(named) | {"ideal", "inefficiency", "unattributed"} == set(COMPONENTS)
+    assert set(named) | {"ideal", "start_skew", "inefficiency", "unattributed"} == set(COMPONENTS)
 
 
 # ---- errors ----------------------------------------------------------------------------------------
@@ -332,3 +342,154 @@ def test_sweep_validates_each_value_and_predicts_each():
     with pytest.raises(TaxesError, match="divisible"):
         model.sweep(w, "M", [1, 2], hw)
     assert [v for v in model_names("ag-gemm") if get("ag-gemm", v).bulk_synchronous] == ["bsp", "bsp-graph"]
+
+
+# ---- consistency checks: each one planted, then every sweep on every profile ---------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED = sorted(p.stem for p in (ROOT / "reports" / "calibration").glob("*-calibrated*.json"))
+
+
+def _planted(monkeypatch, name: str, part: str, value: float, world: int = 1):
+    """Predict with one part of every step of one workload's builder forced to `value`."""
+    builder = model._STEPS[name]
+
+    def planted(*args, **kw):
+        steps = builder(*args, **kw)
+        for s in steps:
+            s.parts[part] = value
+        return steps
+
+    monkeypatch.setitem(model._STEPS, name, planted)
+    return make_workload(name, {}, world)
+
+
+@pytest.mark.parametrize("part", ["exposed_transfer", "sync_wait", "start_skew"])
+def test_communication_at_world_1_is_refused(monkeypatch, part):
+    w = _planted(monkeypatch, "flash-decode", part, 27.0)
+    with pytest.raises(model.ModelInconsistency) as e:
+        predict(w, "bsp", BUILTIN["h100-sxm"])
+    assert_one_line(str(e.value))
+    assert "world 1" in str(e.value) and part in str(e.value)
+
+
+def test_link_time_at_world_1_is_refused():
+    pred = predict(make_workload("ag-gemm", {}, 1), "bsp", BUILTIN["h100-sxm"])
+    with pytest.raises(model.ModelInconsistency, match="link time"):
+        model.check(dataclasses.replace(pred, floor=dataclasses.replace(pred.floor, link_us=5.0)))
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_one_rank_has_no_communication_of_any_kind(name):
+    """The issue of a one-rank collective costing its base latency as exposed transfer: at world 1 a
+    collective is a local copy (NCCL copies the rank's buffer into its output), priced by its bytes."""
+    hw = BUILTIN["h100-sxm"]
+    for v in model_variants(name):
+        pred = predict(make_workload(name, {}, 1), v, hw)
+        for c in ("start_skew", "sync_wait", "exposed_transfer"):
+            assert pred.components[c] == 0.0
+    # ag-gemm bsp at world 1: the all-gather copies A (M x K) into its output: read and written once
+    w = make_workload("ag-gemm", {"M": 8192, "N": 8192, "K": 8192}, 1)
+    copy = next(ph for ph in predict(w, "bsp", hw).phases if ph.name == "all_gather")
+    nbytes = 2 * 8192 * 8192 * 2
+    assert copy.end_us - copy.start_us == pytest.approx(nbytes / (hw.hbm_gbps * 1e3 * hw.hbm_efficiency), rel=1e-9)
+
+
+@pytest.mark.parametrize("part", ["sync_wait", "exposed_transfer", "locality"])
+def test_a_negative_tax_is_refused(monkeypatch, part):
+    w = _planted(monkeypatch, "gemm-rs", part, -3.0, world=2)
+    with pytest.raises(model.ModelInconsistency) as e:
+        predict(w, "bsp", BUILTIN["h200-sxm"])
+    assert_one_line(str(e.value))
+    assert "negative" in str(e.value) and part in str(e.value)
+
+
+def test_a_negative_launch_tax_is_refused():
+    pred = predict(make_workload("gemm-rs", {}, 2), "bsp", BUILTIN["h200-sxm"])
+    bad = dataclasses.replace(pred, components=pred.components | {"launch": -1.0})
+    with pytest.raises(model.ModelInconsistency, match="kernel-launch tax's launch is negative"):
+        model.check(bad)
+
+
+def test_a_floor_above_the_prediction_is_refused():
+    pred = predict(make_workload("ag-gemm", {}, 2), "fused-push", BUILTIN["h200-sxm"])
+    model.check(pred)  # as predicted it passes
+    higher = dataclasses.replace(pred.floor, compute_us=pred.e2e_us * 1.01)
+    with pytest.raises(model.ModelInconsistency, match="floor"):
+        model.check(dataclasses.replace(pred, floor=higher))
+
+
+def test_a_graph_dearer_than_eager_is_refused():
+    """A profile whose one replay costs more than every eager launch of the same steps together."""
+    hw = dataclasses.replace(BUILTIN["h200-sxm"], launch_host_us={"triton": 3.0, "nccl": 3.0, "graph": 80.0})
+    w = make_workload("flash-decode", {"S": 32768}, 2)
+    assert predict(w, "bsp", hw).components["launch"] < 80.0
+    with pytest.raises(model.ModelInconsistency) as e:
+        predict(w, "bsp-graph", hw)
+    assert_one_line(str(e.value))
+    assert "CUDA graph" in str(e.value)
+
+
+@pytest.mark.parametrize("hw_name", ["h100-sxm", "h200-sxm"])
+def test_flash_decode_graph_pays_no_more_launch_than_eager(hw_name):
+    """Flash decode at world 2, S=32K: the eager kernels queue behind the decode; a graph replays the same
+    kernels with no more than a stream's gap between them, so it can never be the slower of the two."""
+    hw = BUILTIN[hw_name]
+    w = make_workload("flash-decode", {"B": 1, "S": 32768}, 2)
+    eager, graph = predict(w, "bsp", hw), predict(w, "bsp-graph", hw)
+    assert graph.components["launch"] <= eager.components["launch"]
+    assert graph.e2e_us <= eager.e2e_us
+    # the eager kernels, queued while the decode runs, start a stream's gap after the previous one ends
+    queued = [b.start_us - a.end_us for a, b in zip(eager.phases, eager.phases[1:])]
+    assert all(g >= hw.launch_graph_us - 1e-9 for g in queued)
+
+
+def _sweeps(name: str, world: int):
+    """Every dimension of the workload swept from its smallest legal value, doubling, as `taxes model
+    --sweep DIM=LO:HI` would."""
+    base = make_workload(name, {}, world)
+    for dim in base.dims:
+        lo = world if dim in base.split_dims else 1
+        if name == "flash-decode" and dim == "Hq":
+            lo = base.Hkv
+        if name == "flash-decode" and dim == "Hkv":
+            hi = base.Hq
+        else:
+            hi = 1 << 17
+        yield base, model.parse_sweep(f"{dim}={lo}:{hi}", base)
+
+
+@pytest.mark.parametrize("hw_name", PROFILES + COMMITTED)
+def test_checks_hold_on_every_sweep_of_every_profile(hw_name):
+    """Every shape `taxes model --sweep` reaches, on every built-in and committed calibrated profile, at 1,
+    2, 4 and 8 GPUs: predict() runs the checks on every variant (a graph against the same steps eager)."""
+    from taxes.hardware import get_profile
+
+    hw = get_profile(hw_name)
+    count = 0
+    for name in WORKLOADS:
+        for world in (1, 2, 4, 8):
+            for base, (dim, values) in _sweeps(name, world):
+                for preds in model.sweep(base, dim, values, hw):
+                    by = {p.variant: p for p in preds}
+                    for p in preds:
+                        model.check(p)
+                        count += 1
+                        twin = get(name, p.variant).eager_twin
+                        if twin in by:
+                            assert p.components["launch"] <= by[twin].components["launch"] + 1e-6
+    assert count > 2000
+
+
+def test_readings_that_are_not_numbers_fall_back_to_the_profiles_fields():
+    """A profile's calibration record with unusable readings (a hand-edited file): the model takes the
+    profile's own fields, as for a datasheet profile."""
+    base = BUILTIN["h100-sxm"]
+    broken = dataclasses.replace(base, extra={"calibration": {
+        "world": 2, "nccl_curve": [{"bytes_in": "x", "us": 3}, None, {"us": -1, "bytes_in": 5}],
+        "collective_curves": ["junk", {"op": "all_gather", "world": 2, "points": "none"}],
+        "figures": {"first_launch_us": [1, 2], "prefilled_period_us": "fast", "peer_cta_gbps": None}}})
+    for name in WORKLOADS:
+        w = make_workload(name, {}, 2)
+        for v in model_variants(name):
+            assert predict(w, v, broken).e2e_us == pytest.approx(predict(w, v, base).e2e_us, rel=1e-12), (name, v)

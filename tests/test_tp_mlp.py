@@ -344,11 +344,12 @@ def test_model_fused_beats_bsp_at_llama3_8b_and_graphs_pay_off_when_kernels_are_
     assert big["all-fused"].e2e_us < big["all-bsp"].e2e_us
     assert big["all-fused-eager"].e2e_us < big["all-bsp"].e2e_us
     assert big["all-fused"].taxes_us()["bulk-synchronous"] < big["all-bsp"].taxes_us()["bulk-synchronous"]
-    # Long kernels hide the eager launches (only the first is exposed), so the graph's per-kernel gap makes
-    # it no faster here; with short kernels the eager launches are exposed and the graph wins.
+    # Long kernels hide the eager launches (only the first is exposed), so the graph, whose kernels follow
+    # each other no closer than queued eager ones, gains little here and never loses; with short kernels
+    # the eager launches are exposed and the graph wins.
     for eager, graph in (("all-bsp", "all-graph"), ("all-fused-eager", "all-fused")):
-        assert big[eager].components["launch"] == pytest.approx(hw.launch_eager_us)
-        assert big[graph].e2e_us - big[eager].e2e_us < len(big[graph].phases) * hw.launch_graph_us
+        assert hw.launch_eager_us <= big[eager].components["launch"] < 2 * hw.launch_eager_us
+        assert 0 <= big[eager].e2e_us - big[graph].e2e_us < len(big[graph].phases) * hw.launch_graph_us
     small = {p.variant: p for p in predict_all(make_workload("tp-mlp", {"M": 128}, 2), hw)}
     assert small["all-graph"].e2e_us < small["all-bsp"].e2e_us
     assert small["all-fused"].e2e_us < small["all-fused-eager"].e2e_us

@@ -18,10 +18,21 @@ from taxes.calibrate.assemble import (
 from taxes.calibrate.derive import derive_figures
 from taxes.calibrate.fits import CalibrationError
 from taxes.calibrate.plan import FIGURES, FULL, QUICK, Plan
-from taxes.calibrate.present import failure_lines, summary_rows
-from taxes.calibrate.run import NO_GPU, calibrate, calibrate_job, cuda_gpu_count, cuda_gpu_names, run_calibration
+from taxes.calibrate.present import calibration_origin, failure_lines, origin_line, summary_rows
+
+_ON_GPUS = ("NO_GPU", "calibrate", "calibrate_job", "cuda_gpu_count", "cuda_gpu_names", "run_calibration")
+
+
+def __getattr__(name: str):
+    """The measuring run (taxes.calibrate.run) imports torch: only when it is asked for, so that reading a
+    profile's calibration (`taxes hardware list`) stays quick."""
+    if name in _ON_GPUS:
+        from taxes.calibrate import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module 'taxes.calibrate' has no attribute {name!r}")
 
 __all__ = ["CalibrationError", "FIGURES", "FULL", "NO_GPU", "Plan", "QUICK", "assemble_profile", "base_for_gpu",
-           "calibrate", "calibrate_job", "check_profile_name", "cuda_gpu_count", "cuda_gpu_names", "derive_figures",
-           "failure_lines", "gpu_summary", "read_progress", "run_calibration", "run_metadata", "save_profile",
-           "summary_rows"]
+           "calibrate", "calibrate_job", "calibration_origin", "check_profile_name", "cuda_gpu_count", "cuda_gpu_names",
+           "derive_figures", "failure_lines", "gpu_summary", "origin_line", "read_progress", "run_calibration",
+           "run_metadata", "save_profile", "summary_rows"]

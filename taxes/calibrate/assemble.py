@@ -258,9 +258,11 @@ def assemble_profile(ranks: list[dict], base: HardwareProfile, meta: dict, *, na
     source = f"calibrated on {gpu_summary(gpus)}, {date[:10]}, taxes {meta.get('tool_version', taxes.__version__)} {commit}"
     kept_fields = {k: h for k, h in f.how.items() if h.startswith("kept")}
     curve = fig.pop("nccl_curve", [])
+    curves = fig.pop("collective_curves", [])
     raw = {"world": world, "base_profile": base.name, "peaks": peaks, "quick": bool(meta.get("quick")),
            "metadata": json_clean(meta), "figures": json_clean(fig), "fields": f.how, "kept_from_base": kept_fields,
-           "failed": failed, "notes": notes, "nccl_curve": json_clean(curve), "readings": json_clean(ranks)}
+           "failed": failed, "notes": notes, "nccl_curve": json_clean(curve), "collective_curves": json_clean(curves),
+           "readings": json_clean(ranks)}
     if run_error:
         raw["run_error"] = run_error
     desc = f"{gpu_summary(gpus)} calibrated by taxes calibrate{' --quick' if raw['quick'] else ''} from {base.name}"

@@ -13,7 +13,9 @@ import statistics
 from taxes.calibrate.fits import (
     CalibrationError,
     clock_offset_ns,
+    first_launch_figures,
     fit_latency_bandwidth,
+    fit_saturating_rate,
     launch_figures,
     median_reading,
     plausible,
@@ -129,6 +131,14 @@ def _derive_launch(rs, nccl_rs):
     eager = valid_values(_pool(rs, "eager_device_us"))
     if eager:  # device time per kernel when the host cannot keep up: its excess over the floor is idle
         out["eager_device_gap_us"] = max(0.0, statistics.median(eager) - figs["kernel_floor_us"])
+    first = {}  # every rank's idle-launch readings pooled per kind (older readings have none)
+    for r in rs:
+        for kind, reading in (r.get("first_launch") or {}).items():
+            pooled = first.setdefault(kind, {"idle_us": [], "device_us": []})
+            for key in pooled:
+                pooled[key] += list(reading.get(key) or [])
+    if first_launch_figures(first):
+        out["first_launch_us"] = first_launch_figures(first)
     return out
 
 
@@ -158,7 +168,22 @@ def _derive_nccl(rs):
     return {"nccl_base_us": plausible(fit["base_us"], 0, 1e4, "NCCL latency us"),
             "nccl_gbps": plausible(fit["bytes_per_us"] / 1e3, 0.1, 1e5, "NCCL bandwidth GB/s"),
             "nccl_largest_gbps": largest["bytes_in"] / largest["us"] / 1e3,
-            "nccl_fit_rel_rms": fit["rel_rms"], "nccl_fit_dropped": fit["dropped"], "nccl_curve": curve}
+            "nccl_fit_rel_rms": fit["rel_rms"], "nccl_fit_dropped": fit["dropped"], "nccl_curve": curve,
+            "collective_curves": collective_curves(rs, curve)}
+
+
+def collective_curves(rs: list[dict], all_gather: list[dict]) -> list[dict]:
+    """[{op, world, points}] the model reads by collective and world: the all-gather at the calibration's
+    world (its curve, all_gather) and every further curve the readings hold (rs[r]["curves"], the same
+    order on every rank; a rank outside a smaller world's group has no times in it)."""
+    world = rs[0]["world"]
+    out = [{"op": "all_gather", "world": world, "points": all_gather}]
+    for j in range(min(len(r.get("curves") or []) for r in rs)):
+        per_rank = [r["curves"][j] for r in rs]
+        points = nccl_curve(per_rank)
+        if len(points) >= 2:
+            out.append({"op": per_rank[0]["op"], "world": per_rank[0]["world"], "points": points})
+    return out
 
 
 def _derive_peer(rs):
@@ -178,6 +203,11 @@ def _derive_peer(rs):
             out[f"peer_{method}_gbps"] = plausible(statistics.median(per_pair), 0.1, 1e5, f"peer {method} GB/s")
     if bad:
         out["peer_failed_methods"] = bad
+    for method in ("store", "load"):  # what a few copier CTAs deliver (older readings have none)
+        rate = _peer_by_ctas(rs, method)
+        if rate:
+            key = "peer_cta" if method == "store" else "peer_cta_load"
+            out[f"{key}_gbps"], out[f"{key}_max_gbps"] = rate["per_cta_gbps"], rate["max_gbps"]
     inj = [r["injection"] for r in rs if r.get("injection")]
     if inj and valid_values(inj[0].get("us")):
         out["injection_copy_gbps"] = plausible(inj[0]["bytes"] / median_reading(inj[0]["us"], "injection") / 1e3,
@@ -185,6 +215,26 @@ def _derive_peer(rs):
     if not out:
         raise CalibrationError("peer: no checked reading")
     return out
+
+
+def _peer_by_ctas(rs: list[dict], method: str) -> dict | None:
+    """The saturating fit of one method's peer copies by CTA count, over every checked pair's readings."""
+    ctas, gbps = [], []
+    for r in rs:
+        for p in r.get("pairs", []):
+            c = p.get("ctas")
+            if not c or not c.get("checked"):
+                continue
+            for n, times in zip(c["ctas"], c.get(f"{method}_us") or []):
+                vals = valid_values(times)
+                if vals:
+                    ctas.append(n)
+                    gbps.append(c["bytes"] / statistics.median(vals) / 1e3)
+    if len(set(ctas)) < 2:
+        return None
+    fit = fit_saturating_rate(ctas, gbps, f"peer {method} by CTA count")
+    plausible(fit["per_cta_gbps"], 0.01, 1e5, f"peer {method} GB/s per CTA")
+    return fit
 
 
 def _derive_pingpong(rs):

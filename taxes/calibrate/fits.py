@@ -164,3 +164,43 @@ def launch_figures(prefilled_us, graph_us) -> dict:
     floor = min(pre, graph)
     return {"kernel_floor_us": floor, "launch_graph_us": graph - floor, "prefilled_period_us": pre,
             "graph_period_us": graph}
+
+
+def first_launch_figures(first: dict) -> dict:
+    """{kind: us from a start event on a drained device to the kernel's start} from idle-launch readings
+    ({kind: {"idle_us": [start event to the launch's end], "device_us": [the same call's device time, host
+    ahead]}}): the medians' difference, 0 where noise makes it negative. Kinds without both readings are
+    left out."""
+    out = {}
+    for kind, r in (first or {}).items():
+        idle, device = valid_values(r.get("idle_us")), valid_values(r.get("device_us"))
+        if idle and device:
+            out[kind] = plausible(max(0.0, statistics.median(idle) - statistics.median(device)), 0, 1e4,
+                                  f"{kind} first launch us")
+    return out
+
+
+def fit_saturating_rate(ctas, gbps, what: str = "peer copy by CTAs") -> dict:
+    """Fit rate(c) = min(c x per_cta, most) to (CTA count, GB/s) points: a few CTAs each add their own rate
+    until the link (or the memory system) is full. Least squares on log residuals (scipy's least_squares),
+    so a 1-CTA point and a 64-CTA point weigh alike. Returns per_cta_gbps, max_gbps and rel_rms (the log
+    residuals' root mean square)."""
+    from scipy.optimize import least_squares
+
+    pts = [(float(c), float(g)) for c, g in zip(ctas, gbps) if isinstance(c, (int, float)) and c > 0
+           and isinstance(g, (int, float)) and math.isfinite(g) and g > 0]
+    if len({c for c, _ in pts}) < 2:
+        raise CalibrationError(f"{what}: {len(pts)} usable CTA counts; a per-CTA rate and a ceiling need at least 2")
+    c = np.array([p[0] for p in pts])
+    g = np.array([p[1] for p in pts])
+
+    def residuals(params):
+        per_cta, most = np.exp(params)
+        return np.log(np.minimum(c * per_cta, most) / g)
+
+    start = np.log([float(np.max(g / c)), float(np.max(g))])
+    bounds = (np.log([1e-6, 1e-6]), np.log([1e7, 1e7]))  # GB/s: no machine is outside them
+    fit = least_squares(residuals, start, bounds=bounds, method="trf")
+    per_cta, most = (float(x) for x in np.exp(fit.x))
+    return {"per_cta_gbps": per_cta, "max_gbps": min(most, float(np.max(c)) * per_cta),
+            "rel_rms": float(np.sqrt(np.mean(fit.fun ** 2)))}

@@ -17,7 +17,15 @@ import torch
 import torch.distributed as dist
 import triton
 
-from taxes.calibrate.plan import COMBINE_SETS, READ_CONFIGS, Plan, matmul_shapes
+from taxes.calibrate.plan import (
+    COMBINE_SETS,
+    PEER_CTA_BYTES,
+    PEER_CTAS,
+    READ_CONFIGS,
+    Plan,
+    collective_worlds,
+    matmul_shapes,
+)
 from taxes.cases import rel_error
 from taxes.harness import device_batch_us, device_calls_us
 from taxes.kernels import ag_gemm as ag
@@ -113,6 +121,25 @@ def measure_launch(ctx, plan: Plan, cycles_per_us: float) -> dict:
         us, ahead = device_batch_us(graph.replay, 1, cycles_per_us, spin_us=1000)
         out["graph_device_us"].append(us / n)
         out["graph_ahead"].append(ahead)
+    out["first_launch"] = {kind: idle_launch(fn, plan.reps, cycles_per_us) for kind, fn in (
+        ("triton", triton_launch), ("torch", torch_launch), ("triton_tma", triton_tma_launch), ("graph", one.replay))}
+    return out
+
+
+def idle_launch(fn, reps: int, cycles_per_us: float) -> dict:
+    """What an iteration's first launch costs: per reading, the device drained, a start event, one fn() and
+    an end event (idle_us: the event's time to the launch's end on the device), and the same call's device
+    time with the host ahead (device_us), so idle_us - device_us is the start event to the kernel's start."""
+    out = {"idle_us": [], "device_us": []}
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        out["idle_us"].append(start.elapsed_time(end) * 1e3)
+        out["device_us"].append(device_calls_us(fn, 1, cycles_per_us)[0][0])
     return out
 
 
@@ -227,35 +254,64 @@ def _nccl_calls(size: int) -> int:
 
 
 def measure_nccl(ctx, plan: Plan, cycles_per_us: float) -> dict:
-    out = {"world": ctx.world, "sizes": list(plan.nccl_sizes), "calls": [], "us": [], "host_ahead": [], "host_us": [],
-           "small_host_us": []}
+    """NCCL's all-gather on every rank by size (the keys every calibration keeps), then the curves the model
+    reads by collective and world (`curves`): the reduce-scatter at this world, and both collectives on the
+    first w ranks for every smaller world of collective_worlds."""
+    out = {"world": ctx.world}
+    out.update(_collective_curve(ctx, plan, cycles_per_us, "all_gather", ctx.world, None))
+    out["small_host_us"] = [h for size, host in zip(out["sizes"], out["host_us"]) if size <= 64 << 10 for h in host]
+    out["curves"] = []
+    for world in collective_worlds(ctx.world):
+        group = dist.new_group(list(range(world))) if world < ctx.world else None  # every rank makes every group
+        for op in ("all_gather", "reduce_scatter"):
+            if world == ctx.world and op == "all_gather":
+                continue
+            curve = _collective_curve(ctx, plan, cycles_per_us, op, world, group)
+            out["curves"].append(curve | {"op": op, "world": world})
+    return out
+
+
+def _collective_curve(ctx, plan: Plan, cycles_per_us: float, op: str, world: int, group) -> dict:
+    """One collective's device time per call at every size of the plan, on the first `world` ranks (group:
+    their process group, None for all): back-to-back calls behind a sleep after one call that lines the
+    ranks up. Ranks outside the group meet the same barriers and record nothing."""
+    member = ctx.rank < world
+    out = {"world": world, "sizes": list(plan.nccl_sizes), "calls": [], "us": [], "host_ahead": [], "host_us": []}
     for size in plan.nccl_sizes:
-        ctx.doing(f"calibrating nccl all-gather of {size} bytes per rank")
-        inp, res = _agree(ctx, lambda: (torch.randint(0, 255, (size,), dtype=torch.uint8, device=ctx.device),
-                                        torch.empty(ctx.world * size, dtype=torch.uint8, device=ctx.device)))
+        ctx.doing(f"calibrating nccl {op.replace('_', '-')} of {size} bytes per rank on {world} ranks")
+        small, big = (size, world * size) if op == "all_gather" else (world * size, size)
+        inp, res = _agree(ctx, lambda: (torch.randint(0, 255, (small,), dtype=torch.uint8, device=ctx.device),
+                                        torch.empty(big, dtype=torch.uint8, device=ctx.device)) if member else (None, None))
+        def call():
+            if op == "all_gather":
+                dist.all_gather_into_tensor(res, inp, group=group)
+            else:
+                dist.reduce_scatter_tensor(res, inp, group=group)
+
         calls = _nccl_calls(size)
-        for _ in range(2):
-            dist.all_gather_into_tensor(res, inp)
+        if member:
+            for _ in range(2):
+                call()
         times, ahead, host = [], [], []
         for _ in range(plan.reps):
             ctx.barrier()
+            if not member:
+                continue
             torch.cuda._sleep(int((1000 + 150 * (calls + 1)) * cycles_per_us))
             slept = torch.cuda.Event()
             slept.record()
-            dist.all_gather_into_tensor(res, inp)  # lines the ranks up: the timed calls start together
+            call()  # lines the ranks up: the timed calls start together
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             t0 = time.perf_counter()
             for _ in range(calls):
-                dist.all_gather_into_tensor(res, inp)
+                call()
             t1 = time.perf_counter()
             end.record()
             ahead.append(not slept.query())
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e3 / calls)
             host.append((t1 - t0) / calls * 1e6)
-        if size <= 64 << 10:
-            out["small_host_us"] += host
         out["calls"].append(calls)
         out["us"].append(times)
         out["host_ahead"].append(ahead)
@@ -318,7 +374,31 @@ def _peer_methods(ctx, plan: Plan, cycles_per_us: float, buf, src, back) -> dict
         except Exception as e:
             pair[f"{name}_error"] = error_line(e)
             torch.cuda.synchronize()  # a broken context raises here, and the figure fails as a whole
+    try:
+        pair["ctas"] = _peer_by_ctas(ctx, plan, cycles_per_us, buf, src, back, dst)
+    except Exception as e:
+        pair["ctas_error"] = error_line(e)
+        torch.cuda.synchronize()
     return pair
+
+
+def _peer_by_ctas(ctx, plan: Plan, cycles_per_us: float, buf, src, back, dst: int) -> dict:
+    """The same Triton stores and loads by PEER_CTAS programs, as the fused kernels' copier CTAs move peers'
+    rows: what a few CTAs deliver (the fused GEMMs give 16 or 32 of their SMs to copying). A smaller copy
+    (PEER_CTA_BYTES), checked once per count."""
+    n = min(src.numel(), PEER_CTA_BYTES // 4)
+    part, into = src[:n], back[:n]
+    out = {"bytes": 4 * n, "ctas": list(PEER_CTAS), "store_us": [], "load_us": [], "checked": True}
+    for ctas in PEER_CTAS:
+        for name, fn, target in (
+                ("store", lambda: triton_peer_copy(ctx, buf, part, dst, push=True, grid=ctas), buf.peers[dst][:n]),
+                ("load", lambda: triton_peer_copy(ctx, buf, into, dst, push=False, grid=ctas), into)):
+            target.fill_(-1)
+            fn()
+            torch.cuda.synchronize()
+            out["checked"] &= bool(torch.equal(target, part))
+            out[f"{name}_us"].append(device_calls_us(fn, plan.reps, cycles_per_us)[0])
+    return out
 
 
 def _injection(ctx, plan: Plan, cycles_per_us: float, buf, src) -> dict:

@@ -5,7 +5,8 @@ Every time is in us, every rate per second, every figure a median of repeated re
 - launch: host time of back-to-back eager launches (an empty Triton kernel, a tiny torch op, a Triton
   kernel with TMA descriptors launched as the fused GEMMs are, a one-kernel CUDA graph's replay, and from
   the nccl figure a small collective); the device time per empty kernel when the host is ahead (the queue
-  pre-filled behind a sleep kernel) and inside a replayed CUDA graph.
+  pre-filled behind a sleep kernel) and inside a replayed CUDA graph; and each kind's first launch on a
+  drained device (a start event, one launch, its end): what an iteration's first kernel waits.
 - hbm: a 1 GiB device-to-device copy (bytes read + written), and a Triton kernel that only reads 1 GiB
   (kernels/probes.py: hbm_read_kernel, at READ_CONFIGS; its sums checked exactly).
 - matmul: torch.matmul 8192^3 in bf16 and fp16, and in bf16 at the shapes of matmul_shapes, like the
@@ -16,10 +17,13 @@ Every time is in us, every rate per second, every figure a median of repeated re
   COMBINE_SETS partial sets per row, checked against float32: its time at few programs is a loop of
   dependent loads, base + sets x per set, which the model charges the combines (not HBM bandwidth).
 - nccl (2 or more GPUs): all_gather_into_tensor from 4 KiB to 256 MiB per rank, back-to-back calls
-  behind a sleep (the device's time, launches hidden) after one call that lines the ranks up.
+  behind a sleep (the device's time, launches hidden) after one call that lines the ranks up; then the
+  same for reduce_scatter_tensor, and for both on the first w ranks at every smaller world of
+  collective_worlds: the curves the model reads by collective and world.
 - peer: one rank writes a peer's symmetric buffer with the copy engine, with a Triton kernel's stores
   (addressed as the fused kernels address peers, and directly through the peer tensor), and reads it with
-  a Triton kernel's loads; with more than 2 GPUs rank 0 also writes to every peer at once.
+  a Triton kernel's loads; the stores and loads again by PEER_CTAS programs (what the fused kernels'
+  copier CTAs deliver); with more than 2 GPUs rank 0 also writes to every peer at once.
 - pingpong: a one-CTA kernel on two ranks bouncing a flag, with relaxed stores and volatile polls (the
   link latency is half its round trip) and with the fused kernels' release signal and acquire wait; a
   stamped run gives each GPU's clock offset from rank 0's (NTP's rule).
@@ -60,6 +64,14 @@ QUICK = Plan(reps=5, warmup=2, launches=100, nccl_sizes=tuple(4096 << i for i in
 # Grid (programs per SM) and block (int32 per load) of the HBM read: the best one's rate counts.
 READ_CONFIGS = ((2, 8192), (4, 4096), (8, 2048))
 COMBINE_SETS = (4, 64)  # partial sets per row the combine kernel merges
+PEER_CTAS = (1, 2, 4, 8, 16, 32, 64)  # programs of the peer copies by CTA count
+PEER_CTA_BYTES = 32 << 20  # bytes each of those copies moves
+
+
+def collective_worlds(world: int) -> list[int]:
+    """The worlds whose collective curves a calibration on `world` GPUs measures: the powers of two below
+    it (on its first ranks) and itself."""
+    return sorted({w for w in (2, 4, 8, 16, 32, 64) if w < world} | ({world} if world > 1 else set()))
 
 
 def matmul_shapes(n: int) -> list[tuple[int, int, int]]:

@@ -28,3 +28,26 @@ def failure_lines(raw: dict) -> list[str]:
     if raw.get("run_error"):
         lines.insert(0, f"the run stopped early: {raw['run_error']}")
     return [" ".join(line.split()) for line in lines]
+
+
+def calibration_origin(profile: HardwareProfile) -> dict | None:
+    """Where and when a calibrated profile was measured: {"machine": "2 x NVIDIA H100 80GB HBM3", "date":
+    "2026-11-27", "world": 2, "quick": bool, "commit": "3addaa057434"} from the calibration's own record;
+    None for a profile no calibration made (a datasheet profile, a hand-written file)."""
+    from taxes.calibrate.assemble import gpu_summary
+
+    cal = (profile.extra or {}).get("calibration")
+    if not isinstance(cal, dict):
+        return None
+    meta = cal.get("metadata") if isinstance(cal.get("metadata"), dict) else {}
+    gpus = [g for g in meta.get("gpu_names") or [] if isinstance(g, str)]
+    date = str(meta.get("date") or "")[:10] or "unknown date"
+    world = cal.get("world") if isinstance(cal.get("world"), int) else len(gpus) or None
+    return {"machine": gpu_summary(gpus) if gpus else "unknown GPUs", "date": date, "world": world,
+            "quick": bool(cal.get("quick")), "commit": str(meta.get("git_commit") or "")[:12] or None}
+
+
+def origin_line(profile: HardwareProfile) -> str:
+    """One line for listings: 'measured on 2 x NVIDIA H100 80GB HBM3, 2026-11-27' or the profile's source."""
+    o = calibration_origin(profile)
+    return f"measured on {o['machine']}, {o['date']}" if o else profile.source
