@@ -125,13 +125,20 @@ def test_negative_unattributed_as_large_as_locality_is_named():
     assert unattributed_cause({"unattributed": -80.0, "locality": 0.0}, 1000.0) == "unexplained"
 
 
-def test_check_over_every_committed_document_at_once(capsys):
+def test_check_over_every_committed_document_at_once(capsys, tmp_path):
     """Defect: `taxes check` over all committed profile documents at once was 'internal error: KeyError'
     (a document without check rows turned the frames' ok column into integers); each alone was fine. Over
-    every committed result document (model ones among them, skipped with a note) it gives a verdict."""
+    every committed result document and a model one (skipped with a note) it gives a verdict."""
     from committed import result_documents
 
-    paths = [str(p) for p in result_documents()]
+    from taxes import model, results
+    from taxes.hardware import BUILTIN
+    from taxes.workloads import make_workload
+
+    model_doc, hw = tmp_path / "model.json", BUILTIN["h100-sxm"]
+    results.save(results.model_document([model.predict_all(make_workload("ag-gemm", {"M": 1024}, 2), hw)], hw.name, 2),
+                 model_doc)
+    paths = [str(p) for p in result_documents()] + [str(model_doc)]
     code, out, err = run_cli(["check", *paths], capsys)
     assert code in (0, 1), err
     assert "| closure |" in out and "internal error" not in err

@@ -436,7 +436,9 @@ def test_real_report_bsp_against_fused_push_within_itself():
             assert r["ratio"] < 1 / 1.05 and r["ci_high"] < 1 and r["p_value"] < 0.05
     code, out, err = run([AG_GEMM, "--variants", "bsp,fused-push", "--fail-above", "5%"])
     assert code == (1 if (df["verdict"] == "slower").any() else 0), err
-    assert out.count("fused-push vs bsp") == len(df)
+    verdicts, per_tax = out.split("per tax: what changed", 1)
+    assert verdicts.count("fused-push vs bsp") == len(df)
+    assert per_tax.count("fused-push vs bsp") == 3 * len(df)  # one line per tax and case
     # reversed, every call flips
     rev = cmp.compare_documents(doc, doc, variants=("fused-push", "bsp"), threshold=0.05)
     flip = {"slower": "faster", "faster": "slower", "same": "same"}
