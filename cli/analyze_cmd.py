@@ -42,8 +42,9 @@ def sections(an) -> list[tuple[str, list[str], list[list[str]]]]:
         span = d.set_index(["rank", "step"])["span_us"]
         out.append(("what if, per step (predicted): the step's time with the tax removed, us",
                     ["rank", "step", "span", "CUDA graphs", "full overlap", "fusion"],
-                    [[str(x.rank), str(x.step), _fmt(span[(x.rank, x.step)]), _fmt(x.graphs), _fmt(x.overlap), _fmt(x.fusion)]
-                     for x in w.itertuples(index=False)][:MAX_ROWS]))
+                    [[str(x["rank"]), str(x["step"]), _fmt(span[(x["rank"], x["step"])]), _fmt(x.get("graphs")),
+                      _fmt(x.get("overlap")), _cell(x.get("fusion"), "locality" in an.not_measured)]
+                     for x in w.to_dict("records")][:MAX_ROWS]))
     if len(an.host_frames):
         out.append(("where the host was before host-bound gaps (own time, top frames)", ["rank", "step", "frame", "us"],
                     [[str(x.rank), str(x.step), _short(x.frame, 70), _fmt(x.us)] for x in an.host_frames.itertuples(index=False)][:MAX_ROWS]))

@@ -383,7 +383,7 @@ def analyze(paths, hardware: str | None = None, plain_steps: dict | None = None,
     return Analysis(
         ranks={r: t["path"] for r, t in by_rank.items()}, world_size=world, hardware=hw.name if hw else None,
         hardware_source=source, info=infos, devices=devices, timelines=timelines, decomposition=rows, gaps=gaps,
-        collectives=coll, instances=inst, stragglers=late.summary(coll, inst, where), locality=pairs, host_frames=frames,
+        collectives=coll, instances=inst, stragglers=late.summary(coll, inst, where, float(e2e.sum())), locality=pairs, host_frames=frames,
         flags=flags, kept_steps=kept, summary=summary, what_if=what_if,
         windows_how={r: t["how"] for r, t in by_rank.items()}, plain=plain, warnings=tuple(warnings),
         not_measured=not_measured, phases=phases,

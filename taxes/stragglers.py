@@ -12,8 +12,9 @@ the rank that arrived last kept the others waiting. Per rank:
     score             caused_wait_us / every rank's caused_wait_us: its share of the job's sync wait, 0 to 1,
                       the ranks' scores adding up to 1 (0 everywhere when nobody waited). Comparable across
                       ranks and jobs: a fair share is 1 / ranks
-    straggler         the rank of the largest score, when that score is at least twice a fair share (and at
-                      least 1/2 only with two ranks: min(0.75, 2 / ranks))
+    straggler         the rank of the largest score, when that score is at least min(0.75, 2 / ranks) (twice
+                      a fair share; 3/4 with two ranks) and the wait it caused at least MIN_SHARE of the analysed
+                      steps' time (jitter of a few us at each collective names nobody)
     where             where it spent the time the others waited (below)
 
 Where: at each instance it arrived last, the interval from the earliest arrival to its own is split on the
@@ -33,6 +34,7 @@ from taxes.timeline import gaps, merge
 
 HOST_KINDS = ("cpu_op", "annotation", "python")
 TOP_WHERE = 5
+MIN_SHARE = 0.01
 COLUMNS = ["rank", "instances", "times_last", "caused_wait_us", "suffered_wait_us", "lateness_us", "score",
            "straggler", "where"]
 NO_EVENT = "host: (no event recorded)"
@@ -158,9 +160,10 @@ def late_windows(per_rank: pd.DataFrame, per_instance: pd.DataFrame) -> pd.DataF
                          "lo_us": first.reindex(mine["key"]).values, "hi_us": mine["arrival_us"].values})[cols]
 
 
-def summary(per_rank: pd.DataFrame, per_instance: pd.DataFrame, where: dict | None = None) -> pd.DataFrame:
+def summary(per_rank: pd.DataFrame, per_instance: pd.DataFrame, where: dict | None = None,
+            steps_us: float = 0.0) -> pd.DataFrame:
     """One row per rank (COLUMNS, module docstring). per_rank, per_instance: taxes.collectives.instances;
-    where: {rank: where_late frame}."""
+    where: {rank: where_late frame}; steps_us: the analysed steps' time (the sum of their E2E)."""
     if per_rank.empty:
         return pd.DataFrame(columns=COLUMNS)
     ok = per_rank[per_rank["matched"]]
@@ -181,5 +184,6 @@ def summary(per_rank: pd.DataFrame, per_instance: pd.DataFrame, where: dict | No
     out = pd.DataFrame(rows, columns=COLUMNS)
     if total > 0:
         top = int(out["score"].idxmax())
-        out.loc[top, "straggler"] = bool(out.loc[top, "score"] >= min(0.75, 2.0 / len(out)))
+        out.loc[top, "straggler"] = bool(out.loc[top, "score"] >= min(0.75, 2.0 / len(out))
+                                         and out.loc[top, "caused_wait_us"] >= MIN_SHARE * steps_us)
     return out

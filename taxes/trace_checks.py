@@ -62,8 +62,12 @@ def repair_events(events: pd.DataFrame, path) -> tuple[pd.DataFrame, set, str | 
     parts = []
     # 1. exact copies
     key = [c for c in IDENTITY if c in events]
-    # Kineto writes a launch's flow start once per activity it launched: those copies are the format's
-    copies = events.duplicated(key, keep="first").values & ~np.isin(kinds, ("flow_start", "flow_end"))
+    # Kineto writes a launch's flow start once per activity it launched: those copies are the format's.
+    # Only events sharing a start, a duration and a thread can be copies: compare every field on those alone.
+    copies = np.zeros(len(events), dtype=bool)
+    maybe = events.duplicated(["ts", "dur", "tid"], keep=False).values & ~np.isin(kinds, ("flow_start", "flow_end"))
+    if maybe.any():
+        copies[maybe] = events[maybe].duplicated(key, keep="first").values
     if copies.any():
         drop |= copies
         parts.append(f"dropped {int(copies.sum())} events listed twice ({_device_us(events, copies & gpu)})")
