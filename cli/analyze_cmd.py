@@ -127,6 +127,7 @@ def _markdown(view, secs, warnings) -> str:
     out += [md(view["meta"]), ""]
     if view["summary"]["rows"]:
         out += ["## Summary", "", render.md_table(view["summary"]["header"], view["summary"]["rows"]), ""]
+    out += [f"- **FAILED** check: {md(line)}" for line in view["failed_checks"]] + ([""] if view["failed_checks"] else [])
     out += [f"- **warning:** {md(w)}" for w in warnings] + ([""] if warnings else [])
     out += [md(view["legend"]), ""]
     for case in view["cases"]:
@@ -158,6 +159,8 @@ def _terminal(view, secs, console) -> None:
         console.print(text(f"{mark}: {why}", "bold red" if mark in ("PERTURBED", "UNTRUSTED") else "yellow"))
     if view["summary"]["rows"]:
         print_table(console, "summary", view["summary"]["header"], view["summary"]["rows"], left=1, text_columns=(1,))
+    for line in view["failed_checks"]:
+        console.print(text(f"FAILED check: {line}", "bold red"))
     for case in view["cases"]:
         console.print()
         console.print(text(case["title"], "bold underline"))

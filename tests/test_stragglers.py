@@ -8,6 +8,7 @@ before the collective). The arrivals are known from the construction, so every n
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -124,3 +125,27 @@ def test_the_score_is_a_share_comparable_across_ranks():
     assert st.loc[2, "score"] == pytest.approx(caused[2] / total) and st.loc[1, "score"] == 0.0
     assert st.loc[2, "straggler"] and not st.loc[0, "straggler"]
     assert st.loc[1, "suffered_wait_us"] == 9 + 4 + 1
+
+
+def test_a_record_costing_over_5_percent_marks_waits_and_stragglers_untrusted(tmp_path, capsys):
+    """With plain step times, a record that cost more than 5% of the plain step marks the bulk-synchronous rows
+    and the straggler table untrusted in every view; within 5% it does not."""
+    from test_not_measured import run
+
+    progs, _ = lockstep(2, 1, 150.0, "host", seed=5)
+    paths = [write_trace(p.tr, tmp_path / f"rank{r}.json") for r, p in enumerate(progs)]
+    an = A.analyze(paths)
+    e2e = an.summary["e2e_us"]
+    for plain_us, marked in ((e2e / 1.5, True), (e2e / 1.02, False)):
+        plain = tmp_path / "plain.json"
+        plain.write_text(json.dumps({"0": [plain_us] * 6, "1": [plain_us] * 6}))
+        again = A.analyze(paths, plain_steps=A.read_plain(plain))
+        doubt = A.analysis_document(again)["trace_analysis"]["untrusted"]
+        assert (doubt is not None) == marked, doubt
+        for fmt in ("md", "table"):
+            out = tmp_path / f"r.{fmt}"
+            code, _, err = run(["analyze", *map(str, paths), "--plain", str(plain), "--format", fmt, "-o", str(out),
+                                "--force"], capsys)
+            assert code == 0, err
+            text = out.read_text()
+            assert ("UNTRUSTED" in text and "not to be trusted" in text) == marked, fmt
