@@ -36,7 +36,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
-from analyze_scale import HTA_SCRIPT, generate  # noqa: E402  (the same traces as the HTA comparison)
+from analyze_scale import generate  # noqa: E402  (the same traces as the HTA comparison)
 
 import taxes  # noqa: E402
 
@@ -49,6 +49,27 @@ sys.stdin.read()  # until the benchmark closes our stdin
 cluster.close()
 """
 TAXES = [sys.executable, "-c", "from taxes.cli.main import main; main()"]
+# HTA's loading, temporal breakdown and communication overlap. HTA 0.5.0 types a column after the correlation
+# ids (int16 when they are small) and pandas 3 refuses the wider values it then writes: widen first, as
+# tests/test_analyze_hta.py does.
+HTA_SCRIPT = """
+import json, logging, sys, warnings
+logging.disable(logging.WARNING)
+warnings.filterwarnings("ignore")
+import hta.common.trace as hta_trace
+from hta.trace_analysis import TraceAnalysis
+original = hta_trace.transform_correlation_to_index
+def widened(df, symbol_table):
+    if "correlation" in df.columns:
+        df["correlation"] = df["correlation"].astype("int64")
+    return original(df, symbol_table)
+hta_trace.transform_correlation_to_index = widened
+files = {i: p for i, p in enumerate(sys.argv[1:])}
+t = TraceAnalysis(trace_files=files, trace_dir="")
+tb = t.get_temporal_breakdown(visualize=False)
+ov = t.get_comm_comp_overlap(visualize=False)
+print(json.dumps({"ranks": len(tb), "idle_us": float(tb["idle_time(us)"].sum())}))
+"""
 
 
 class Sampler:
@@ -124,7 +145,7 @@ def dask_run(paths: list[str], out: Path, workers: int, timeout_s: float) -> dic
 
 def _document(path: Path) -> dict:
     doc = json.loads(path.read_text())
-    for k in ("date", "git_commit", "git_dirty"):
+    for k in ("date", "git_commit", "git_dirty", "git_diff_sha256", "provenance"):  # when and from what, not what
         doc["metadata"].pop(k, None)
     return doc
 
@@ -137,6 +158,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--timeout-s", type=float, default=1800.0)
     ap.add_argument("--skip-hta", action="store_true")
+    ap.add_argument("--tools", default="local,dask,hta", help="which of local, dask, hta to run")
+    ap.add_argument("--append", action="store_true", help="add the runs to --out's, replacing those of the same "
+                                                         "ranks and tool")
     ap.add_argument("--note", default="")
     args = ap.parse_args(argv)
     import importlib.metadata as md
@@ -147,13 +171,24 @@ def main(argv=None) -> int:
         except md.PackageNotFoundError:
             return None
 
-    hta = not args.skip_hta and version("holistictraceanalysis") is not None
+    tools = set(args.tools.split(","))
+    hta = "hta" in tools and not args.skip_hta and version("holistictraceanalysis") is not None
     result = {"benchmark": "analyze_dask_scale", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds"), "taxes_version": taxes.__version__, "git_commit": _commit(), "note": args.note,
         "machine": {"cpus": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
                     "python": platform.python_version(), "platform": platform.platform()},
         "versions": {d: version(d) for d in ("pandas", "numpy", "dask", "distributed", "holistictraceanalysis")},
         "workers": args.workers, "runs": []}
+    if args.append and Path(args.out).exists():
+        before = json.loads(Path(args.out).read_text())
+        mine = {(ranks, tool) for ranks, tool in ((int(c.split(":")[0]), t) for c in args.configs for t in
+                                                  ("taxes analyze, local pool", "HTA",
+                                                   "taxes analyze --scheduler (Dask LocalCluster)"))
+                if {"HTA": "hta", "taxes analyze, local pool": "local"}.get(tool, "dask") in tools}
+        before["runs"] = [r for r in before["runs"] if (r["ranks"], r["tool"]) not in mine]
+        before.setdefault("appended", []).append({k: result[k] for k in ("date", "git_commit", "note")} | {
+            "configs": args.configs, "tools": sorted(tools)})
+        result = before
     for config in args.configs:
         ranks, events = (int(x) for x in config.split(":"))
         with tempfile.TemporaryDirectory(prefix="taxes-dask-scale-") as tmp:
@@ -168,15 +203,17 @@ def main(argv=None) -> int:
                    "seconds": round(time.perf_counter() - t, 1)}
             print(f"generated {ranks} ranks x {n} events in {gen['seconds']} s", flush=True)
             local_out, dask_out = tmp / "local.json", tmp / "dask.json"
-            local = measure(TAXES + ["analyze", "--format", "json", "-o", str(local_out), "--force", "--jobs",
-                                     str(args.workers), *paths], args.timeout_s)
-            print(json.dumps({"tool": "local pool", **local}), flush=True)
-            dask = dask_run(paths, dask_out, args.workers, args.timeout_s)
-            print(json.dumps({"tool": "Dask", **dask}), flush=True)
-            same = local["ok"] and dask["ok"] and _document(local_out) == _document(dask_out)
-            result["runs"].append({**gen, "tool": "taxes analyze, local pool", **local})
-            result["runs"].append({**gen, "tool": "taxes analyze --scheduler (Dask LocalCluster)", **dask,
-                                   "same_document_as_local": same})
+            if "local" in tools:
+                local = measure(TAXES + ["analyze", "--format", "json", "-o", str(local_out), "--force", "--jobs",
+                                         str(args.workers), *paths], args.timeout_s)
+                print(json.dumps({"tool": "local pool", **local}), flush=True)
+                result["runs"].append({**gen, "tool": "taxes analyze, local pool", **local})
+            if "dask" in tools:
+                dask = dask_run(paths, dask_out, args.workers, args.timeout_s)
+                print(json.dumps({"tool": "Dask", **dask}), flush=True)
+                same = "local" in tools and local["ok"] and dask["ok"] and _document(local_out) == _document(dask_out)
+                result["runs"].append({**gen, "tool": "taxes analyze --scheduler (Dask LocalCluster)", **dask,
+                                       "same_document_as_local": same})
             if hta:
                 h = measure([sys.executable, "-c", HTA_SCRIPT, *paths], args.timeout_s)
                 print(json.dumps({"tool": "HTA", **h}), flush=True)
