@@ -92,19 +92,20 @@ def where_late(acts: pd.DataFrame, extra: pd.DataFrame, segments: dict, windows:
     order = np.argsort(s, kind="stable")
     s_sorted = s[order]
     longest = float((e - s).max()) if len(s) else 0.0
-    busy = merge(s, e)
+    keys = acts["collective"].values
+    bs, be = merge(s, e)
     total: dict = {}
-    for w in windows.itertuples(index=False):
+    for w in windows.itertuples(index=False):  # one late instance each: a few slices, never a pass over all
         lo, hi = float(w.lo_us), float(w.hi_us)
         if hi <= lo:
             continue
-        mine = acts["collective"].values == w.key
         cand = order[np.searchsorted(s_sorted, lo - longest, "left"):np.searchsorted(s_sorted, hi, "left")]
-        cand = cand[(e[cand] > lo) & ~mine[cand]]
+        cand = cand[(e[cand] > lo) & (keys[cand] != w.key)]
         for name, us in zip(names[cand], np.minimum(e[cand], hi) - np.maximum(s[cand], lo)):
             key = "device: " + _short(name)
             total[key] = total.get(key, 0.0) + float(us)
-        ga, gb = gaps(busy, lo, hi)
+        i0, i1 = max(int(np.searchsorted(be, lo, "right")), 0), int(np.searchsorted(bs, hi, "left"))
+        ga, gb = gaps((bs[i0:i1], be[i0:i1]), lo, hi)
         if not len(ga):
             continue
         tid = extra["launch_tid"].values[int(w.activity)]
