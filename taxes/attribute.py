@@ -131,6 +131,15 @@ def _attribute_rank_of(args) -> tuple:
     return r, g, notes
 
 
+def attribute_rank(tl: Timeline, waits: pd.Series, floor: Floor | None = None, locality_bytes: float | dict | None = None,
+                   us_per_byte: float | None = None, launch_latency_us: float | None = None,
+                   skew: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame, list]:
+    """One rank's half of `attribute`, for callers that run ranks elsewhere (another process or machine)
+    once the collectives are matched: (rows, gaps, notes) of its windows. waits: match_collectives's
+    wait_us of this rank's collectives, indexed by activity; skew: {step: us} of start_skews."""
+    return _attribute_rank_of((tl, waits, floor, locality_bytes, us_per_byte, launch_latency_us, skew or {}))
+
+
 # ---- collectives across ranks ---------------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ none otherwise ("" key): such activities are listed, never matched, and get no s
 taxes.attribute.match_collectives then matches instances only if they overlap in time on every rank (a
 collective cannot finish before its last rank arrives); unmatched instances are reported, never turned
 into sync wait. Per instance: arrival skew (latest arrival - earliest), each rank's wait (latest arrival
-- its own), the slowest rank (the last to arrive); per rank, a straggler summary.
+- its own), the slowest rank (the last to arrive); per rank, taxes.stragglers sums them.
 """
 
 from __future__ import annotations
@@ -103,21 +103,21 @@ def _op_of(extra: pd.DataFrame, ops: pd.DataFrame, todo: np.ndarray) -> np.ndarr
     return out
 
 
-def instances(matched: pd.DataFrame, timelines: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+def instances(matched: pd.DataFrame, comm: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     """From attribute's collectives frame (key, rank, activity, arrival_us, end_us, wait_us, n_ranks,
-    matched): (per (instance, rank) rows with name, step and source added; per instance: key, name, step,
-    n_ranks, matched, skew_us, slowest_rank, max_wait_us)."""
+    matched) and each rank's keyed communication ({rank: frame indexed by activity, with name, step and
+    source}): (per (instance, rank) rows with name, step and source added; per instance: key, name, step,
+    n_ranks, matched, skew_us, slowest_rank, max_wait_us). taxes.stragglers sums them per rank."""
     cols = ["key", "name", "step", "source", "n_ranks", "matched", "skew_us", "slowest_rank", "max_wait_us"]
     if matched.empty:
         return matched.assign(name=[], step=[], source=[]), pd.DataFrame(columns=cols)
     m = matched.copy()
-    names, steps, sources = [], [], []
-    for r, a in zip(m["rank"].values, m["activity"].values):
-        acts = timelines[r].activities
-        names.append(acts.at[a, "name"])
-        steps.append(int(acts.at[a, "step"]))
-        sources.append(timelines[r].key_source[a] if hasattr(timelines[r], "key_source") else "")
-    m["name"], m["step"], m["source"] = names, steps, sources
+    parts = []
+    for r, g in m.groupby("rank", sort=False):
+        c = comm[r].reindex(g["activity"].values)
+        parts.append(pd.DataFrame({"name": c["name"].values, "step": c["step"].values.astype(np.int64),
+                                   "source": c["source"].values}, index=g.index))
+    m = m.join(pd.concat(parts))
     g = m.groupby("key", sort=False)
     per = g.agg(name=("name", "first"), step=("step", "first"), source=("source", "first"), n_ranks=("rank", "size"),
                 matched=("matched", "all"), first=("arrival_us", "min"), last=("arrival_us", "max"),
@@ -126,24 +126,6 @@ def instances(matched: pd.DataFrame, timelines: dict) -> tuple[pd.DataFrame, pd.
     slowest = m.loc[m.groupby("key", sort=False)["arrival_us"].idxmax(), ["key", "rank"]].set_index("key")["rank"]
     per["slowest_rank"] = np.where(per["matched"], slowest.reindex(per["key"]).values, -1)
     return m, per[cols]
-
-
-def stragglers(per_rank: pd.DataFrame, per_instance: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: how often it arrived last at a matched instance (times_last), the wait it made the
-    other ranks pay there (caused_wait_us), and the wait it paid itself (own_wait_us)."""
-    cols = ["rank", "instances", "times_last", "caused_wait_us", "own_wait_us"]
-    if per_rank.empty:
-        return pd.DataFrame(columns=cols)
-    ok = per_rank[per_rank["matched"]]
-    last = per_instance[per_instance["matched"]].set_index("key")["slowest_rank"]
-    ok = ok.assign(slowest=last.reindex(ok["key"]).values)
-    caused = ok[ok["rank"] != ok["slowest"]].groupby("slowest")["wait_us"].sum()
-    out = []
-    for r, g in per_rank.groupby("rank"):
-        mine = ok[ok["rank"] == r]
-        out.append((int(r), len(g), int((mine["slowest"] == r).sum()), float(caused.get(r, 0.0)),
-                    float(mine["wait_us"].sum())))
-    return pd.DataFrame(out, columns=cols)
 
 
 def check_one_job(infos: dict, devices: dict, spans: dict) -> list[str]:

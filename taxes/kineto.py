@@ -9,6 +9,7 @@ is streamed (taxes.tracestream): only the fields analysis needs are kept, in col
 from __future__ import annotations
 
 import math
+import os
 import re
 from array import array
 from decimal import Decimal
@@ -22,7 +23,20 @@ from taxes.errors import TaxesError
 from taxes.timeline import Timeline, api_kind, merge, timeline
 from taxes.tracestream import TraceStream, one_line
 
-MAX_TRACE_BYTES = 1 << 33  # refuse traces larger than this once decompressed (and gzip bombs)
+MAX_RANK = 65535  # the result schema's bound: ranks 0..65535, worlds up to 65536
+MAX_WORLD = MAX_RANK + 1
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 34
+
+
+# Refuse traces larger than this once decompressed: what fits the machine (parsed columns take a few
+# times the text, and ranks are parsed side by side), at most 8 GiB.
+MAX_TRACE_BYTES = min(1 << 33, _memory_bytes() // 8)
 # Kineto's categories (and the older capitalised ones) -> what this module calls them.
 _KIND_OF_CAT = {
     "kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy", "Memcpy": "memcpy",
@@ -33,6 +47,7 @@ _KIND_OF_CAT = {
 _GPU_KINDS = ("kernel", "memcpy", "memset")
 _STEP_NAME = re.compile(r"ProfilerStep#(\d{1,9})$")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_DIGITS = 6  # more digits than any rank up to MAX_RANK needs: refused before int() reads them
 _ABSOLUTE_TS_US = 2.0 ** 43  # above this a float keeps less than ~1 ns: re-read the file exactly
 # Collective metadata: torch writes these on record_param_comms (and, newer, on NCCL kernels).
 PG_KEYS = ("Process Group Name", "Process Group ID", "pg_name", "pg", "Process Group")
@@ -234,7 +249,7 @@ def _read_events(stream: TraceStream, path: Path, exact: bool) -> tuple[_Columns
     return cols, absolute, origin
 
 
-def load_trace(path) -> pd.DataFrame:
+def load_trace(path, special: bool = False) -> pd.DataFrame:
     """One Kineto trace as an events frame (one row per kept event, times in us as floats).
 
     Kept: complete events of the GPU (kernel, memcpy, memset), runtime and driver calls, cpu ops, user
@@ -242,12 +257,16 @@ def load_trace(path) -> pd.DataFrame:
     df.attrs["trace"] holds what the file says about itself: path, rank (distributedInfo, else the file
     name, else None), world_size, backend, nccl_version, devices, cuda_version, torch_version (when the
     recording added it as metadata), base_ns (baseTimeNanoseconds) and origin_us (subtracted from absolute
-    timestamps of old traces, to keep their sub-us digits)."""
+    timestamps of old traces, to keep their sub-us digits). special: read a FIFO or device too.
+    A rank in the file name beyond MAX_RANK is refused before the file is opened."""
     path = Path(path)
-    stream = TraceStream(path, MAX_TRACE_BYTES)
+    name_rank(path)
+    stream = TraceStream(path, MAX_TRACE_BYTES, special=special)
     cols, absolute, origin = _read_events(stream, path, exact=False)
     if absolute:
         # Absolute epoch timestamps (old Kineto): floats would round them to 0.25 us; re-read exactly.
+        if special:
+            raise _error(f"{path}: absolute timestamps need a second, exact pass; copy the trace to a regular file")
         stream = TraceStream(path, MAX_TRACE_BYTES, exact=True)
         cols, _, origin = _read_events(stream, path, exact=True)
     frame = _frame(cols)
@@ -297,10 +316,12 @@ def trace_info(meta: dict, path: Path, origin_us: int) -> dict:
     def text(v):
         return str(v)[:60] if isinstance(v, (str, int, float)) and not isinstance(v, bool) else None
 
+    if world is not None and not (isinstance(world, int) and not isinstance(world, bool) and 0 < world <= MAX_WORLD):
+        raise _error(f"{path}: distributedInfo.world_size {_short(world)} is not a world size (1 to {MAX_WORLD})")
     return {
         "path": str(path),
         "rank": trace_rank(meta, path),
-        "world_size": world if isinstance(world, int) and not isinstance(world, bool) and 0 < world < 2**31 else None,
+        "world_size": world,
         "backend": dist.get("backend") if isinstance(dist.get("backend"), str) else None,
         "nccl_version": text(dist.get("nccl_version")),
         "devices": [d if isinstance(d, str) else "?" for d in devices],
@@ -317,14 +338,27 @@ def trace_info(meta: dict, path: Path, origin_us: int) -> dict:
 
 
 def trace_rank(meta: dict, path) -> int | None:
-    """The rank a trace belongs to: distributedInfo.rank, else a rankN in the file name, else None."""
+    """The rank a trace belongs to: distributedInfo.rank, else a rankN in the file name, else None. A rank
+    beyond MAX_RANK is refused in one line (ranks size tables and lists of missing ranks)."""
     dist = meta.get("distributedInfo")
-    if isinstance(dist, dict):
+    if isinstance(dist, dict) and "rank" in dist:
         r = dist.get("rank")
-        if isinstance(r, int) and not isinstance(r, bool) and 0 <= r < 2**31:
-            return r
+        if not (isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_RANK):
+            raise _error(f"{path}: distributedInfo.rank {_short(r)} is not a rank (0 to {MAX_RANK})")
+        return r
+    return name_rank(path)
+
+
+def name_rank(path) -> int | None:
+    """The rankN in a file name (None without one); beyond MAX_RANK a one-line error, told from the digits'
+    count before any conversion."""
     m = _RANK_IN_NAME.search(Path(path).name)
-    return int(m.group(1)) if m else None
+    if not m:
+        return None
+    digits = m.group(1).lstrip("0") or "0"
+    if len(digits) > _DIGITS or int(digits) > MAX_RANK:
+        raise _error(f"{path}: rank {_short(m.group(1))} in the file name is not a rank (0 to {MAX_RANK})")
+    return int(digits)
 
 
 def profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
@@ -390,7 +424,7 @@ def launches_inside(points_t, points_tid, ranges_s, ranges_e, ranges_tid) -> np.
     return out
 
 
-def to_timeline(events: pd.DataFrame, rank: int, rule_set=BUILTIN_RULES) -> Timeline:
+def to_timeline(events: pd.DataFrame, rank: int, rule_set=BUILTIN_RULES, unlaunched_graphs=frozenset()) -> Timeline:
     """A rank's events (load_trace) as a taxes.timeline.Timeline.
 
     activities  GPU kernels, copies and sets, sorted by start, with their launch correlation (a graph
@@ -400,7 +434,8 @@ def to_timeline(events: pd.DataFrame, rank: int, rule_set=BUILTIN_RULES) -> Time
                 ProfilerStep#N and taxes:step:N marks; "compile" and "data": the ranges COMPILE and DATA
                 name (annotations, cpu ops, Python frames)
     Windows are left to the caller (steps differ between profile and analyze). The activities frame keeps
-    extra columns the analysis reads (device, ext_id, launch_tid, launch_us)."""
+    extra columns the analysis reads (device, ext_id, launch_tid, launch_us). unlaunched_graphs: correlation
+    ids of graph replays whose launch the record missed (taxes.trace_checks.repair_events)."""
     kind = events["kind"].values
     gpu = events[np.isin(kind, _GPU_KINDS)]
     host_calls = events[np.isin(kind, ("runtime", "driver"))]
@@ -418,7 +453,8 @@ def to_timeline(events: pd.DataFrame, rank: int, rule_set=BUILTIN_RULES) -> Time
                          "pg": gpu["pg"].values, "seq": gpu["seq"].values,
                          "pid": gpu["pid"].values, "tid": gpu["tid"].values})
     _join_launches(events, acts, launches)
-    graph_corr = launches.loc[launches["kind"] == "graph", "correlation"].values
+    graph_corr = np.concatenate([launches.loc[launches["kind"] == "graph", "correlation"].values,
+                                 np.fromiter(unlaunched_graphs, dtype=np.int64, count=len(unlaunched_graphs))])
     acts["graph"] = np.where(np.isin(acts["correlation"].values, graph_corr) & (acts["correlation"].values >= 0),
                              acts["correlation"].values, -1)
     ops = events[kind == "cpu_op"]

@@ -7,7 +7,13 @@ window of text refilled in chunks, so an event exists only while the caller read
 (told by the first two bytes, whatever the file's name); the bare-array form is read the same way.
 
 Everything malformed is a one-line TaxesError: not UTF-8, truncated or malformed JSON, NaN or Infinity,
-nesting deep enough to exhaust the stack, more than `limit` bytes once decompressed.
+nesting deep enough to exhaust the stack, more than `limit` bytes once decompressed. Bounded on any input:
+only regular files are opened (a FIFO or a device such as /dev/zero could block or never end) unless the
+caller allows them; a document that starts with anything but an object or an array is refused at its
+first byte; one value (an event, a top-level key's) longer than MAX_VALUE_CHARS fails in one line instead
+of growing the window without end, and while a value is incomplete the window grows geometrically, so the
+text is copied and re-scanned O(its length) times in all; a gzip stream that expands more than
+MAX_GZIP_RATIO times is a bomb, refused once it has produced GZIP_CHECK_BYTES.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import os
 import re
+import stat
 import zlib
 from decimal import Decimal
 from pathlib import Path
@@ -24,6 +32,10 @@ from taxes.errors import TaxesError
 
 CHUNK_BYTES = 8 << 20
 REFILL_CHARS = 1 << 20  # keep at least this much text ahead of the cursor, so most events decode in one go
+MAX_VALUE_CHARS = 64 << 20  # one event or metadata value; Kineto's are a few kB
+MAX_GZIP_RATIO = 200  # real traces expand 5-50 times; a bomb of one repeated byte about 1000 times
+GZIP_CHECK_BYTES = 16 << 20  # the ratio is judged once this much has come out
+_VALUE_START = frozenset('{["-0123456789tfnNI')  # a JSON value (and the NaN / Infinity constants refused later)
 _WS = re.compile(r"[ \t\n\r]*")
 _SEP = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
 
@@ -38,16 +50,49 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+def file_kind(path) -> str | None:
+    """None for a regular file (or a link to one); else what it is, for a one-line refusal. Never opens
+    the path (opening a FIFO blocks until a writer comes)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as e:
+        return f"cannot read it ({e.strerror or e})"
+    if stat.S_ISREG(mode):
+        return None
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def check_regular(path, what: str = "trace", special: bool = False) -> None:
+    """Refuse, in one line, a path that is missing, a directory, or (unless `special`) not a regular file."""
+    kind = file_kind(path)
+    if kind is None:
+        return
+    if kind == "no such file" or kind.startswith("cannot read"):
+        raise one_line(f"{path}: {kind}" + (f" (the {what})" if what != "trace" else ""))
+    if kind == "a directory":
+        raise one_line(f"{path}: a directory, not a {what} file")
+    if not special:
+        raise one_line(f"{path}: {kind}, not a regular file; pass --allow-special-files to read a {what} from it")
+
+
 class TraceStream:
     """`for event in stream.events(): ...`; afterwards `stream.meta` holds every other top-level key."""
 
-    def __init__(self, path, limit: int, exact: bool = False):
+    def __init__(self, path, limit: int, exact: bool = False, special: bool = False):
         self.path = Path(path)
         self.limit = limit
+        self.special = special  # read FIFOs and devices too (the caller asked for them)
         self.meta: dict = {}
         self._decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=Decimal if exact else float)
         self._scan = self._decoder.scan_once
         self._raw = None
+        self._file = None
         self._text_decoder = codecs.getincrementaldecoder("utf-8")()
         self._buf = ""
         self._pos = 0
@@ -57,6 +102,7 @@ class TraceStream:
     # ---- the text window -------------------------------------------------------------------------
 
     def _open(self):
+        check_regular(self.path, "trace", self.special)
         try:
             f = open(self.path, "rb")
         except FileNotFoundError:
@@ -65,21 +111,35 @@ class TraceStream:
             raise one_line(f"{self.path}: a directory, not a trace file") from None
         except OSError as e:
             raise one_line(f"{self.path}: cannot read it ({e.strerror or e})") from None
+        self._file = f
         magic = f.read(2)
-        f.seek(0)
+        if file_kind(self.path) is None:
+            f.seek(0)
+            if magic != b"\x1f\x8b" and os.fstat(f.fileno()).st_size > self.limit:
+                raise one_line(f"{self.path}: larger than {self.limit >> 20} MiB; refusing to parse it")
+        elif magic == b"\x1f\x8b":  # a pipe cannot be rewound to the gzip header
+            raise one_line(f"{self.path}: gzip from a special file; decompress it to a regular file first")
+        elif magic:
+            self._buf = self._text_decoder.decode(magic)
+            self._read = len(magic)
         self._raw = gzip.GzipFile(fileobj=f) if magic == b"\x1f\x8b" else f
 
-    def _refill(self) -> bool:
-        """Append the next chunk of text to the window (dropping what was read); False at the end."""
+    def _refill(self, want: int = CHUNK_BYTES) -> bool:
+        """Append the next `want` bytes of text to the window (dropping what was read); False at the end."""
         if self._eof:
             return False
         try:
-            data = self._raw.read(CHUNK_BYTES)
+            data = self._raw.read(want)
         except (OSError, EOFError, zlib.error) as e:
             raise one_line(f"{self.path}: a truncated or corrupt gzip file ({e})") from None
         self._read += len(data)
         if self._read > self.limit:
             raise one_line(f"{self.path}: larger than {self.limit >> 20} MiB decompressed; refusing to parse it")
+        if self._raw is not self._file and self._read > GZIP_CHECK_BYTES:
+            packed = max(1, self._file.tell())
+            if self._read > MAX_GZIP_RATIO * packed:
+                raise one_line(f"{self.path}: {packed:,} bytes of gzip expand to more than {self._read:,}: not a trace "
+                               "(a gzip bomb); refusing to parse it")
         try:
             text = self._text_decoder.decode(data, final=not data)
         except UnicodeDecodeError:
@@ -102,10 +162,16 @@ class TraceStream:
     def _malformed(self, why: str) -> TaxesError:
         return one_line(f"{self.path}: not complete JSON, truncated or malformed ({why})")
 
+    def _offset(self) -> int:
+        return self._read - len(self._buf) + self._pos
+
     def _value(self):
         """Decode the value at the cursor. A value that fails or ends at the window's end may continue
-        in the next chunk: refill and decode again."""
-        self._skip_ws()
+        in the next chunk: read as much again as is pending (the window doubles) and decode again, up to
+        MAX_VALUE_CHARS; a character no value can start with fails at once."""
+        c = self._skip_ws()
+        if c and c not in _VALUE_START:
+            raise self._malformed(f"{c!r} cannot start a JSON value (offset {self._offset()})")
         while True:
             try:
                 value, end = self._scan(self._buf, self._pos)
@@ -114,7 +180,7 @@ class TraceStream:
                     return value
             except StopIteration:
                 if self._eof:
-                    raise self._malformed(f"no JSON value at offset {self._read - len(self._buf) + self._pos}") from None
+                    raise self._malformed(f"no JSON value at offset {self._offset()}") from None
             except json.JSONDecodeError as e:
                 if self._eof:
                     raise self._malformed(str(e).splitlines()[0]) from None
@@ -122,7 +188,11 @@ class TraceStream:
                 raise one_line(f"{self.path}: not a trace (nested too deeply)") from None
             except ValueError as e:  # NaN / Infinity, an integer of too many digits
                 raise self._malformed(str(e).splitlines()[0]) from None
-            self._refill()  # at the end of the file this marks it ended, and the next pass decides
+            pending = len(self._buf) - self._pos
+            if pending > MAX_VALUE_CHARS:
+                raise self._malformed(f"no JSON value completes within {MAX_VALUE_CHARS >> 20} MiB at offset "
+                                      f"{self._offset()}")
+            self._refill(max(CHUNK_BYTES, pending))  # at the end of the file this marks it ended; the next pass decides
 
     def _expect(self, chars: str) -> str:
         c = self._skip_ws()
@@ -146,6 +216,8 @@ class TraceStream:
             if first != "{":
                 if first == "":
                     raise self._malformed("the file is empty")
+                if first not in _VALUE_START:
+                    raise one_line(f"{self.path}: not a trace (it starts with {first!r}, not a JSON object)")
                 value = self._value()
                 if isinstance(value, (dict, list)):
                     raise self._malformed("unexpected data")
@@ -174,6 +246,8 @@ class TraceStream:
         finally:
             if self._raw is not None:
                 self._raw.close()
+            if self._file is not None:
+                self._file.close()
 
     def _array(self):
         if self._skip_ws() == "]":

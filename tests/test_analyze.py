@@ -312,7 +312,7 @@ def test_gpu_name_selects_the_hardware_profile_and_versions_come_from_the_trace(
     assert given.hardware == "h100-sxm"
     unknown = A.analyze([write_trace(tp_rank_trace(0, world=1, gpu="Tesla V100-SXM2-16GB"), tmp_path / "v" / "rank0.json")])
     assert unknown.hardware is None and any("unknown GPU" in w and "--hardware" in w for w in unknown.warnings)
-    assert (unknown.decomposition["locality"] == 0).all()
+    assert unknown.decomposition["locality"].isna().all() and "--hardware" in unknown.not_measured["locality"]
     assert A.analysis_document(unknown)["metadata"]["hardware_profile"] == "none"
 
 

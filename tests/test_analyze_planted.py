@@ -28,7 +28,7 @@ def close(got, want):
 def adds_up(an):
     d = an.decomposition
     for _, r in d.iterrows():
-        assert math.fsum(r[k] for k in ROWS) == pytest.approx(r["span_us"], abs=1e-6)
+        assert math.fsum(r[k] for k in ROWS if r[k] == r[k]) == pytest.approx(r["span_us"], abs=1e-6)  # NaN: not measured
 
 
 def row(an, rank=0, step=0):
