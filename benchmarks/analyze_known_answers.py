@@ -18,7 +18,7 @@ rows: the analysis' interquartile-mean rows over the profiled steps. The twins r
 run (llama.py --mode alternate: eager in even steps, the graph in odd ones; --spin-every 2: the spin in odd
 steps), so both kinds share the process and the machine's state (separate runs of the same eager forward
 differ by more than the tolerance); which program step each plain and each profiled step was comes from the
-hook's plain_rank0.json (taxes.trace_hook's schedule). Each case passes within 15%.
+hook's plain_rank0.json (taxes.run.trace_hook's schedule). Each case passes within 15%.
 
 The plain steps with the spin were longer than those without by more than the spin itself in some runs
 (1.16-1.34x on an H100 when all plain steps ran before the profiled ones), an after-effect on the host that
@@ -53,10 +53,10 @@ import re
 import sys
 from pathlib import Path
 
-from taxes import analyze as A
-from taxes.attribute import iqm as _iqm  # the interquartile mean of docs/method.md
-from taxes.io import write_output
-from taxes.provenance import collect
+from taxes.attribution import analyze as A
+from taxes.attribution.attribute import iqm as _iqm  # the interquartile mean of docs/method.md
+from taxes.documents.io import write_output
+from taxes.documents.provenance import collect
 
 TOLERANCE = 0.15
 ABS_TOLERANCE_SHARE = 0.01  # device-bound set: of the step's plain E2E, for taxes of about 0

@@ -1,6 +1,6 @@
 """The table fused-auto picks from (kernels/auto_tuned.json): per case of the given result documents, every
 correct graph and fused variant's plain E2E and the fastest of them, keyed by workload, GPU kind, world and
-shape (taxes.auto).
+shape (taxes.run.auto).
 
     python benchmarks/auto_table.py reports/profile/*-h100-x*.json.gz -o kernels/auto_tuned.json
 """
@@ -13,9 +13,9 @@ import sys
 
 
 def main() -> int:
-    from taxes.auto import table_entries
-    from taxes.hardware import gpu_kind
-    from taxes.results import load
+    from taxes.run.auto import table_entries
+    from taxes.model.hardware import gpu_kind
+    from taxes.documents.results import load
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("documents", nargs="+")

@@ -17,12 +17,12 @@ import time
 
 import torch
 
-from taxes.attribute import iqm
-from taxes.cases import make_case
-from taxes.harness import time_iterations
-from taxes.instrument import HostRecorder, make_recorder, record_iterations
+from taxes.attribution.attribute import iqm
+from taxes.run.cases import make_case
+from taxes.run.harness import time_iterations
+from taxes.run.instrument import HostRecorder, make_recorder, record_iterations
 from taxes.kernels.runtime import launch
-from taxes.results import collect_metadata
+from taxes.documents.results import collect_metadata
 from taxes.variants import get, names
 from taxes.workloads import DEFAULT_SHAPES, make_workload, parse_shape
 

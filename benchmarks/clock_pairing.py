@@ -1,6 +1,6 @@
 """Do the ranks' per-kernel clocks line up? Several processes on one host each place CUPTI's clock on the
 host's shared clock (CLOCK_MONOTONIC) the way every recorder does when it starts
-(taxes.timeline.shared_clock_offset_ns), again and again for a few seconds, and report the offsets: a
+(taxes.traces.timeline.shared_clock_offset_ns), again and again for a few seconds, and report the offsets: a
 constant offset, equal in every process, means CUPTI's timestamps are a host-wide clock and the pairing
 adds only its bracket's width (about a microsecond). Also against CLOCK_REALTIME, for comparison.
 
@@ -20,7 +20,7 @@ def one(rank: int, seconds: float, q) -> None:
     import torch
     from cupti import cupti
 
-    from taxes.timeline import shared_clock_offset_ns
+    from taxes.traces.timeline import shared_clock_offset_ns
 
     torch.cuda.set_device(rank % torch.cuda.device_count())
     torch.zeros(1, device="cuda")  # a context, as in a rank

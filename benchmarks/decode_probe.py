@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from taxes.cases import rel_error
+from taxes.run.cases import rel_error
 from taxes.kernels.decode_local import (LOG2E, LocalDecode, _merge_group, _merge_tile, attend_tile,
                                         attention_partial_f32, group_query)
 from taxes.kernels.sync import globaltimer_ns
@@ -310,8 +310,8 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
-    from taxes.harness import gpu_metadata
-    from taxes.provenance import collect
+    from taxes.run.harness import gpu_metadata
+    from taxes.documents.provenance import collect
 
     res = {"benchmark": "benchmarks/decode_probe.py", "command": " ".join(sys.argv), **collect(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(dev),

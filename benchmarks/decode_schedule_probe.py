@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from taxes.cases import rel_error
+from taxes.run.cases import rel_error
 from taxes.kernels.decode_local import LOG2E, LocalDecode, attend_tile, attention_partial_f32, group_query
 from taxes.kernels.sync import globaltimer_ns
 
@@ -383,8 +383,8 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
-    from taxes.harness import gpu_metadata
-    from taxes.provenance import collect
+    from taxes.run.harness import gpu_metadata
+    from taxes.documents.provenance import collect
 
     props = torch.cuda.get_device_properties(dev)
     l2 = props.L2_cache_size

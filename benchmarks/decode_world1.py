@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from taxes.cases import rel_error
+from taxes.run.cases import rel_error
 from taxes.kernels import flash_decode as fd
 from taxes.kernels.decode_local import (
     TUNED_FILE,
@@ -480,7 +480,7 @@ def metadata(args, l2, sms) -> dict:
                       "each replay; median over replays of time per call",
             "floor": "(K, V, q and out bytes) / read_bandwidth.read_gb_per_s"}
     if torch.cuda.is_available():
-        from taxes.harness import gpu_metadata
+        from taxes.run.harness import gpu_metadata
 
         meta.update({k: v for k, v in gpu_metadata().items() if k in ("clocks", "cuda_version")})
     return meta

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from taxes.harness import time_iterations, warm_clocks
+from taxes.run.harness import time_iterations, warm_clocks
 from taxes.kernels import gemm_rs as rs
 from taxes.kernels.runtime import launch, replay_graph
 

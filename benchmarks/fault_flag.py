@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from taxes import preflight
+from taxes.run import preflight
 from taxes.errors import TaxesError
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels import flash_decode as fd

@@ -24,7 +24,7 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
 [ -f .taxes-provenance.json ] && export TAXES_PROVENANCE=stamp
 W=$(nvidia-smi -L | grep -c '^GPU')
-GPU=$(python3 -c "import torch; from taxes.hardware import gpu_kind; print(gpu_kind(torch.cuda.get_device_name(0)))")
+GPU=$(python3 -c "import torch; from taxes.model.hardware import gpu_kind; print(gpu_kind(torch.cuda.get_device_name(0)))")
 echo "world $W, $GPU"
 LOG="$OUT/log-$GPU-x$W.txt"
 
@@ -33,7 +33,7 @@ if [[ "$stages" == *" smoke "* ]]; then
     cat > /tmp/late_smoke.py <<'PY'
 import time
 from taxes.kernels.runtime import launch
-from taxes.planted import late_cases, planted_heap_bytes
+from taxes.run.planted import late_cases, planted_heap_bytes
 
 def job(ctx, opts):
     return late_cases(ctx, opts)

@@ -43,7 +43,7 @@ def facts_from_rows(rows: list[dict]) -> dict:
 
 
 def redo(doc: dict, records: dict) -> dict:
-    from taxes.planted import known_answers, results_from_records
+    from taxes.run.planted import known_answers, results_from_records
 
     facts = facts_from_rows(doc["rows"])
     rates = facts.pop("us_per_byte_by_rank", {})

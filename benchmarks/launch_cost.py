@@ -6,7 +6,7 @@
 
 For ag-gemm, gemm-rs and tp-mlp at two small shapes each and flash-decode at B=1, S=32K, on one rank
 (taxes.kernels.runtime.launch, backend cuda, world 1: the real NCCL and symmetric-memory paths, nothing
-divided), every eager variant is built as `taxes profile` builds it (taxes.cases), checked once on
+divided), every eager variant is built as `taxes profile` builds it (taxes.run.cases), checked once on
 NaN-poisoned output against the float32 reference, then timed on the host:
 
 - host_launch_us: time.perf_counter_ns around one call runner(*inputs), the device synchronised before
@@ -38,9 +38,9 @@ from pathlib import Path
 
 import torch
 
-from taxes.cases import TOLERANCE, make_case, rel_error
+from taxes.run.cases import TOLERANCE, make_case, rel_error
 from taxes.kernels.runtime import launch
-from taxes.results import collect_metadata
+from taxes.documents.results import collect_metadata
 from taxes.workloads import make_workload
 
 SHAPES = {
@@ -120,7 +120,7 @@ def _cupti_costs(runner, inputs: list[tuple], calls: int) -> dict:
     """CUPTI's API records of `calls` eager calls (device idle before each): per call, the launch calls' own
     time (launch_api_us), the time from the call's start until its last launch returned (launch_path_us)
     and the number of launches, medians over the calls. {} where cupti-python cannot record."""
-    from taxes.cupti import Recorder, available
+    from taxes.run.cupti import Recorder, available
 
     if available() is not None or not torch.cuda.is_available():
         return {}

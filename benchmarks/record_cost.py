@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from taxes.attribute import iqm
+from taxes.attribution.attribute import iqm
 
 CONFIGS = ("plain", "kernels", "+latency", "+calls", "launch calls", "callbacks")
 
@@ -39,7 +39,7 @@ CONFIGS = ("plain", "kernels", "+latency", "+calls", "launch calls", "callbacks"
 def recorded_call_kind(cbid_name: str, api: str) -> str | None:
     """Which calls a configuration records: api "all", every launch, graph-launch and synchronisation call;
     "queued", those but the kernel launches (copies, memsets, graph launches, synchronisations)."""
-    from taxes.timeline import api_kind, api_name
+    from taxes.traces.timeline import api_kind, api_name
 
     kind = api_kind(cbid_name)
     if api == "queued" and kind == "launch" and "Launch" in api_name(cbid_name):
@@ -92,7 +92,7 @@ class Cupti:
             self.callbacks = True
         for kind in kinds:
             c.activity_enable(kind)
-        if config in ("+calls", "launch calls"):  # after the kinds are on, as taxes.cupti.Recorder does
+        if config in ("+calls", "launch calls"):  # after the kinds are on, as taxes.run.cupti.Recorder does
             api = "queued" if config == "+calls" else "all"
             for enum, enable in ((c.runtime_api_trace_cbid, c.activity_enable_runtime_api),
                                  (c.driver_api_trace_cbid, c.activity_enable_driver_api)):
@@ -153,7 +153,7 @@ def main() -> int:
            "callbacks_seen": len(rec.calls), "rows": rows,
            "step_times_us": times}
     try:
-        from taxes.provenance import collect
+        from taxes.documents.provenance import collect
 
         doc.update(collect())
     except Exception:

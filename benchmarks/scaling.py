@@ -24,9 +24,9 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from taxes.hardware import get_profile  # noqa: E402
-from taxes.model import predict_all  # noqa: E402
-from taxes.results import load, model_document, save  # noqa: E402
+from taxes.model.hardware import get_profile  # noqa: E402
+from taxes.model.predict import predict_all  # noqa: E402
+from taxes.documents.results import load, model_document, save  # noqa: E402
 from taxes.variants import lookup  # noqa: E402
 from taxes.workloads import make_workload, shape_of  # noqa: E402
 

@@ -46,8 +46,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--n", type=int, default=20)
     args = ap.parse_args()
-    from taxes.cupti import Recorder
-    from taxes.provenance import collect
+    from taxes.run.cupti import Recorder
+    from taxes.documents.provenance import collect
 
     B, Hq, Hkv, D, S = 1, 64, 8, 128, 131072
     g = torch.Generator(device="cuda").manual_seed(1)

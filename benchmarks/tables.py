@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from taxes.results import load
+from taxes.documents.results import load
 from taxes.variants import get, rung_of
 
 DIMS = {"ag-gemm": ("M", "N"), "gemm-rs": ("M", "N", "K"), "tp-mlp": ("M", "H", "F"), "flash-decode": ("B", "S")}

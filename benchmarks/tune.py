@@ -9,9 +9,9 @@ kernels/gemm_rs_tuned.json that `taxes profile` then runs.
     TRITON_INTERPRET=1 python benchmarks/tune.py gemm-rs --emulate --out OUT            # CPU: logic only
 
 The same pipeline as `taxes profile`: per shape the inputs, the float32 reference and every runner come
-from taxes.cases; each candidate (overrides of the table's configuration) is built, checked once on
-NaN-poisoned output (taxes.cases.checked_error) and timed over barrier-aligned iterations
-(taxes.harness.check_and_time), the ranks agreeing on every failure; bsp-graph is timed beside them as
+from taxes.run.cases; each candidate (overrides of the table's configuration) is built, checked once on
+NaN-poisoned output (taxes.run.cases.checked_error) and timed over barrier-aligned iterations
+(taxes.run.harness.check_and_time), the ranks agreeing on every failure; bsp-graph is timed beside them as
 the yardstick. The fastest correct candidate per variant and shape is timed again with --final-iters and
 becomes the table's entry. Why the candidates are these:
 
@@ -37,13 +37,13 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from taxes import preflight
-from taxes.cases import TOLERANCE, checked_error, make_case
-from taxes.harness import check_and_time, gpu_metadata, warm_clocks
+from taxes.run import preflight
+from taxes.run.cases import TOLERANCE, checked_error, make_case
+from taxes.run.harness import check_and_time, gpu_metadata, warm_clocks
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels import gemm_rs as rs
 from taxes.kernels.runtime import launch
-from taxes.results import collect_metadata, write_atomic
+from taxes.documents.results import collect_metadata, write_atomic
 from taxes.variants import rung_of
 from taxes.workloads import make_workload, parse_shape
 

@@ -1,5 +1,5 @@
 """`taxes analyze TRACE...`: the taxes of any PyTorch program, from its torch.profiler traces (one per rank).
-Registered in cli/main.py with `cli.add_command(analyze)`; the analysis lives in taxes/analyze.py, the
+Registered in cli/main.py with `cli.add_command(analyze)`; the analysis lives in taxes/attribution/analyze.py, the
 rules in docs/analyze.md. JSON output imports no plotting library."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def sections(an) -> list[tuple[str, list[str], list[list[str]]]]:
                     [[_short(x.key, 40), _short(x.name, 40), str(x.step), x.source, str(x.n_ranks), "yes" if x.matched else "NO",
                       _fmt(x.skew_us), str(x.slowest_rank) if x.matched else "-", _fmt(x.max_wait_us)]
                      for x in inst.itertuples(index=False)][:MAX_ROWS]))
-        from taxes.analyze import untrusted
+        from taxes.attribution.analyze import untrusted
 
         st = an.stragglers
         doubt = untrusted(an)
@@ -88,9 +88,9 @@ def _short(name: str, n: int) -> str:
 def report_view(doc: dict, an, images: bool) -> dict:
     """What every view of the analysis shows first (taxes.reports.render.html_view), with the rows the traces
     cannot support reading "not measured" wherever they appear, a NOT MEASURED mark naming what to record to
-    get them, and an UNTRUSTED mark when the record cost more than taxes.analyze.UNTRUSTED of the plain step."""
-    from taxes.analyze import untrusted
-    from taxes.attribute import TAXES
+    get them, and an UNTRUSTED mark when the record cost more than taxes.attribution.analyze.UNTRUSTED of the plain step."""
+    from taxes.attribution.analyze import untrusted
+    from taxes.attribution.attribute import TAXES
     from taxes.reports import render
     from taxes.reports.plots import COMPONENT_TITLES
 
@@ -172,7 +172,7 @@ def _terminal(view, secs, console) -> None:
 
 def _pair_execution_traces(traces, ets) -> dict:
     """--et files to traces: by the rankN both names carry, else in the order given."""
-    from taxes.kineto import name_rank
+    from taxes.traces.kineto import name_rank
 
     if not ets:
         return {}
@@ -220,10 +220,10 @@ def analyze(traces, hardware_name, plain_file, comm_patterns, patterns_file, exe
             scheduler, special_files, fmt, output, force):
     """Split every step of torch.profiler TRACES (one .json or .json.gz per rank, of any PyTorch program)
     into compute and the taxes, per rank."""
-    from taxes import analyze as A
-    from taxes.classify import read_patterns_file
-    from taxes.io import STDOUT, check_output, write_output
-    from taxes.results import dumps
+    from taxes.attribution import analyze as A
+    from taxes.traces.classify import read_patterns_file
+    from taxes.documents.io import STDOUT, check_output, write_output
+    from taxes.documents.results import dumps
 
     if fmt == "html" and (not output or output == STDOUT):
         raise TaxesError("--format html writes a file: give -o REPORT.html")
@@ -241,7 +241,7 @@ def analyze(traces, hardware_name, plain_file, comm_patterns, patterns_file, exe
         click.echo(f"taxes: warning: {w}", err=True)
     doc = A.analysis_document(an)
     if perfetto_out:
-        from taxes import perfetto
+        from taxes.reports import perfetto
 
         write_output(perfetto_out, perfetto.dumps(an), force)
     if fmt == "json":

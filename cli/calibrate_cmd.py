@@ -1,6 +1,6 @@
 """`taxes calibrate`: measure this machine's hardware figures and save them as a hardware profile.
 
-Registered in cli/main.py with `cli.add_command(calibrate)`. The measuring is in taxes/calibrate.py.
+Registered in cli/main.py with `cli.add_command(calibrate)`. The measuring is in taxes/model/calibrate.py.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from taxes.errors import TaxesError
 
 def _check_options(gpus, output, timeout_s, name, base_name):
     """Everything that can be refused before touching a GPU."""
-    from taxes.calibrate import check_profile_name
-    from taxes.hardware import get_profile
+    from taxes.model.calibrate import check_profile_name
+    from taxes.model.hardware import get_profile
 
     if gpus is not None and gpus < 1:
         raise TaxesError(f"--gpus {gpus}: give 1 or more")
     if output:
-        from taxes.io import check_output
+        from taxes.documents.io import check_output
         from taxes.sanitize import path as shown
 
         if not output.lower().endswith(".json"):
@@ -49,13 +49,13 @@ def _check_options(gpus, output, timeout_s, name, base_name):
 def calibrate(gpus, base_name, name, output, quick, peaks, timeout_s):
     """Measure this machine's hardware profile (matrix peak, HBM and link bandwidth, link latency, NCCL's
     curve, launch costs, flag round trip, rank skew) and save it for `taxes model --hardware NAME`."""
-    from taxes.cli.profile_cmd import surely_no_gpu
+    from taxes.run.preflight import surely_no_gpu
 
     if surely_no_gpu():  # known without importing torch, which takes seconds
         raise TaxesError("calibrate needs CUDA GPUs and this machine has none; `taxes hardware list` shows the "
                          "built-in and saved profiles that `taxes model` can use instead")
     base = _check_options(gpus, output, timeout_s, name, base_name)
-    from taxes import calibrate as cal
+    from taxes.model.predict import calibrate as cal
 
     count = cal.cuda_gpu_count()
     if count < 1:
@@ -65,7 +65,7 @@ def calibrate(gpus, base_name, name, output, quick, peaks, timeout_s):
         raise TaxesError(f"--gpus {world}: this machine has {count} CUDA GPU{'s' if count != 1 else ''}")
     names = cal.cuda_gpu_names(world)
     base = base or cal.base_for_gpu(names[0])
-    from taxes.hardware import calibrated_name
+    from taxes.model.hardware import calibrated_name
 
     name = name or calibrated_name(names[0], world)  # KIND-xWORLD-calibrated: what profile and validate look for
     cal.check_profile_name(name)

@@ -1,4 +1,4 @@
-"""`taxes check`: does a measured result document meet the method's own checks (taxes/checks.py)?
+"""`taxes check`: does a measured result document meet the method's own checks (taxes/documents/checks.py)?
 Registered in cli/main.py. Exit 0 when every check holds, 1 when any fails (a CI gate on measuring itself);
 --strict also fails documents made from a dirty checkout or whose measured variants have no rows; 2 on bad
 input."""
@@ -41,10 +41,10 @@ def check_cmd(results, hardware_name, show_all, strict, output, force):
     measuring cost at most 3% of plain E2E, unattributed within 5% of E2E, and launch + host_bound of the
     timeline against the E2E ladder bsp - graph within 20%. Exit 1 when any fails. Documents that hold no
     measurement (model documents) are skipped with a note; when none is measured, that is an error."""
-    from taxes.checks import all_checks, checks_frame, provenance_problems
+    from taxes.documents.checks import all_checks, checks_frame, provenance_problems
     from taxes.console import say
-    from taxes.io import check_output, write_output
-    from taxes.results import load
+    from taxes.documents.io import check_output, write_output
+    from taxes.documents.results import load
     from taxes.sanitize import path as shown
 
     check_output(output, force)
@@ -55,8 +55,8 @@ def check_cmd(results, hardware_name, show_all, strict, output, force):
             not_measured.append((path, doc["metadata"].get("kind")))
             continue
         if hardware_name:
-            from taxes.hardware import get_profile
-            from taxes.document import reattribute
+            from taxes.model.hardware import get_profile
+            from taxes.documents.profile_document import reattribute
 
             doc = reattribute(doc, get_profile(hardware_name))
         frames.append(checks_frame(doc))

@@ -5,7 +5,7 @@ The one error path: every failure a user can cause or meet ends as one line on s
 written, a full disk or closed stdout, too little memory, SIGTERM or SIGHUP); Ctrl-C exits 130. A bug in
 taxes is one line too (exit 2, TAXES_DEBUG=1 shows the traceback). Exit 1 is kept for verdicts: `taxes
 compare --fail-above` found a slowdown, `taxes check` found a failing check. Files are written whole or
-not at all (taxes.io), so a failure leaves nothing half-written.
+not at all (taxes.documents.io), so a failure leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import sys
 import click
 
 import taxes
+from taxes.cli.options import complete_workload
 from taxes.errors import TaxesError
 
 FORMATS = ("table", "json", "md", "csv")
@@ -33,7 +34,7 @@ class Terminated(BaseException):
 
 def _install_signal_handlers() -> None:
     """SIGTERM and SIGHUP end the command through the same path as an error: temporary files are removed
-    (taxes.io) and the ranks of a run are reaped. A forked child (emulated ranks) keeps the default
+    (taxes.documents.io) and the ranks of a run are reaped. A forked child (emulated ranks) keeps the default
     action: it dies at once, as before."""
     main_pid = os.getpid()
 
@@ -221,16 +222,9 @@ def _die(message: str, code: int):
     _quiet_exit(code)
 
 
-def complete_workload(ctx, param, incomplete: str) -> list[str]:
-    """Shell completion of a WORKLOAD argument."""
-    from taxes.workloads import WORKLOADS
-
-    return [w for w in WORKLOADS if w.startswith(incomplete)]
-
-
 def complete_hardware(ctx, param, incomplete: str) -> list[str]:
     """Shell completion of --hardware: built-in and saved profile names."""
-    from taxes.hardware import BUILTIN, saved_profiles
+    from taxes.model.hardware import BUILTIN, saved_profiles
 
     return [n for n in [*BUILTIN, *saved_profiles()] if n.startswith(incomplete)]
 
@@ -241,7 +235,7 @@ OUTPUT_HELP = "Write the data here instead of stdout ('-' is stdout); written wh
 
 def _emit(data: str | bytes, output: str | None, force: bool = False) -> None:
     """Data to -o FILE (atomically, regular files only) or to stdout."""
-    from taxes.io import write_output
+    from taxes.documents.io import write_output
 
     write_output(output, data, force)
 
@@ -297,11 +291,11 @@ def cli():
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 def model(workload, hardware_name, world, shape, dtype, variants, fmt, output, plot, sweep, force):
     """Predict E2E and the three taxes of WORKLOAD (ag-gemm, gemm-rs, flash-decode, tp-mlp) for every variant."""
-    from taxes import model as m
-    from taxes.hardware import get_profile
-    from taxes.io import STDOUT, check_output
+    from taxes.model.predict import predict as m
+    from taxes.model.hardware import get_profile
+    from taxes.documents.io import STDOUT, check_output
     from taxes.reports import render
-    from taxes.results import dumps, model_document, summary_frame
+    from taxes.documents.results import dumps, model_document, summary_frame
     from taxes.workloads import make_workload, model_variants, parse_shape
 
     known = model_variants(workload)  # tp-mlp has variants of its own
@@ -351,7 +345,7 @@ def model(workload, hardware_name, world, shape, dtype, variants, fmt, output, p
 
 
 def _plot_format(plot: str | None) -> str | None:
-    from taxes.io import STDOUT
+    from taxes.documents.io import STDOUT
 
     if plot is None:
         return None
@@ -366,7 +360,7 @@ def _plot_format(plot: str | None) -> str | None:
 
 
 def _sweep_rows(dim, values, preds):
-    from taxes.model import TAXES
+    from taxes.model.predict import TAXES
 
     variants = [p.variant for p in preds[0]]
     bsp, fused = _sweep_kinds(preds)
@@ -457,9 +451,9 @@ def hardware():
 @hardware.command("list")
 def hardware_list():
     """List every profile with its headline figures."""
-    from taxes.calibrate.present import origin_line
+    from taxes.model.calibrate.present import origin_line
     from taxes.console import print_table
-    from taxes.hardware import all_profiles
+    from taxes.model.hardware import all_profiles
 
     header = ["name", "source", "file", "bf16 TFLOP/s", "HBM GB/s", "link GB/s (peer / all)", "SMs", "description"]
     rows = []
@@ -481,13 +475,13 @@ def hardware_show(name, fmt):
     import json
     from dataclasses import asdict
 
-    from taxes.hardware import get_profile, profile_to_dict
+    from taxes.model.hardware import get_profile, profile_to_dict
 
     p = get_profile(name)
     if fmt == "json":
         _emit(json.dumps(profile_to_dict(p), indent=1) + "\n", None)
         return
-    from taxes.calibrate.present import calibration_origin
+    from taxes.model.calibrate.present import calibration_origin
     from taxes.console import print_table
 
     o = calibration_origin(p)
@@ -511,9 +505,9 @@ def report(results, fmt, output, force, hardware_name):
     """Render result documents (from taxes profile, taxes model --format json or taxes analyze --format json),
     verdict first; a taxes analyze document with every table taxes analyze shows. Several documents: one report after another (one HTML page); --format json writes the
     document back with its report, so it takes one."""
-    from taxes.io import STDOUT, check_output
+    from taxes.documents.io import STDOUT, check_output
     from taxes.reports import render
-    from taxes.results import load
+    from taxes.documents.results import load
 
     if fmt == "html" and not output:
         raise TaxesError("--format html writes a file: give -o REPORT.html (or -o - for stdout)")
@@ -532,8 +526,8 @@ def report(results, fmt, output, force, hardware_name):
             if doc["metadata"]["kind"] != "profile":
                 raise TaxesError(f"{_escape(path)}: --hardware re-attributes measured documents; this one is a "
                                  f"{doc['metadata']['kind']}")
-            from taxes.document import reattribute
-            from taxes.hardware import get_profile
+            from taxes.documents.profile_document import reattribute
+            from taxes.model.hardware import get_profile
 
             doc = reattribute(doc, get_profile(hardware_name))
         docs.append(doc)

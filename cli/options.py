@@ -29,3 +29,10 @@ class Seconds(click.ParamType):
 
 
 SECONDS = Seconds()
+
+
+def complete_workload(ctx, param, incomplete: str) -> list[str]:
+    """Shell completion of a WORKLOAD argument."""
+    from taxes.workloads import WORKLOADS
+
+    return [w for w in WORKLOADS if w.startswith(incomplete)]

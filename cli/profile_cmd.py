@@ -7,28 +7,9 @@ import sys
 
 import click
 
-from taxes.cli.options import SECONDS
+from taxes.cli.options import SECONDS, complete_workload
 from taxes.errors import TaxesError
-
-
-def no_gpu_here() -> bool:
-    """True when this machine surely has no GPU a run could use, known without importing torch (which
-    takes seconds): no NVIDIA driver (/proc/driver/nvidia/gpus, /dev/nvidia*), no ROCm (/dev/kfd), or
-    CUDA_VISIBLE_DEVICES hiding every device. False means: ask torch."""
-    import glob
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
-        return True
-    nvidia = (os.path.isdir("/proc/driver/nvidia/gpus") and os.listdir("/proc/driver/nvidia/gpus")) or \
-        glob.glob("/dev/nvidia[0-9]*")
-    return not nvidia and not os.path.exists("/dev/kfd")
-
-
-def surely_no_gpu() -> bool:
-    """No GPU, decided without importing torch: only while torch is not loaded yet (once it is, asking it is
-    cheap and knows more)."""
-    return "torch" not in sys.modules and no_gpu_here()
+from taxes.run.preflight import surely_no_gpu
 
 
 def _gpu_count() -> int:
@@ -60,7 +41,7 @@ def _preflight(gpus: int, emulate: bool) -> int:
         raise TaxesError(f"profile: --gpus {gpus} asked for, this machine has {have}; use --gpus {have}, "
                          f"`taxes model --world {gpus}`, or --emulate")
     try:
-        from taxes.preflight import check_gpus
+        from taxes.run.preflight import check_gpus
     except ImportError:
         return gpus
     check_gpus(gpus)
@@ -69,7 +50,7 @@ def _preflight(gpus: int, emulate: bool) -> int:
 
 def _write(doc: dict, output: str | None, force: bool) -> str | None:
     """Write the document: a file (refused if it exists, unless force), or a new file in a directory."""
-    from taxes.results import save, save_new
+    from taxes.documents.results import save, save_new
 
     if output is None:
         return None
@@ -83,8 +64,8 @@ def _write(doc: dict, output: str | None, force: bool) -> str | None:
 
 
 def _check_profile_output(output: str | None, force: bool) -> None:
-    """-o: a directory (a new file is added to it) or a file taxes may write (taxes.io); checked before the run."""
-    from taxes.io import STDOUT, check_output
+    """-o: a directory (a new file is added to it) or a file taxes may write (taxes.documents.io); checked before the run."""
+    from taxes.documents.io import STDOUT, check_output
 
     if output == STDOUT:
         raise TaxesError("-o -: the result document goes to a file or a directory; --format json prints the "
@@ -136,8 +117,8 @@ def emulation_config_for(workload: str, shapes: list[dict], world: int) -> dict:
 def _check_emulated_memory(job) -> None:
     """Before an emulated run: its ranks' buffers and shared arenas fit this machine's memory, for the
     largest case (the arenas are sized for it; each rank holds one case at a time)."""
-    from taxes.preflight import check_host_memory
-    from taxes.profiling import bytes_for_case, heap_bytes
+    from taxes.run.preflight import check_host_memory
+    from taxes.run.profile import bytes_for_case, heap_bytes
     from taxes.workloads import make_workload
 
     cases = [make_workload(job.workload, s, job.world, job.dtype) for s in job.shapes]
@@ -164,14 +145,10 @@ def _emulation_cost_note(workload: str, shapes: list[dict], world: int) -> str |
     return None
 
 
-def _complete_workload(ctx, param, incomplete):
-    from taxes.cli.main import complete_workload
-
-    return complete_workload(ctx, param, incomplete)
 
 
 @click.command("profile")
-@click.argument("workload", shell_complete=_complete_workload)
+@click.argument("workload", shell_complete=complete_workload)
 @click.option("--gpus", type=int, default=2, show_default=True, help="ranks, one per GPU (torchrun's WORLD_SIZE wins)")
 @click.option("--shape", "shapes", multiple=True, help="e.g. M=8192,N=8192,K=8192 (repeat for several cases; "
               "defaults per workload)")
@@ -204,15 +181,15 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, 
                 start, wait_s, timeout_s, config_text, output, force, fmt, strict):
     """Run every variant of WORKLOAD on this node's GPUs and split each one's time into the three taxes."""
     from taxes.console import say
-    from taxes.hardware import get_profile
+    from taxes.model.hardware import get_profile
 
     _check_profile_output(output, force)
     if not emulate and not _under_torchrun() and surely_no_gpu():  # before importing torch: that takes seconds
         raise TaxesError(NO_GPU)
-    from taxes.profiling import plan, run_profile
+    from taxes.run.profile import plan, run_profile
 
     if strict:
-        from taxes.provenance import collect
+        from taxes.documents.provenance import collect
 
         p = collect()
         if p["git_dirty"] is not False or not p["git_commit"]:
@@ -243,7 +220,7 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, 
     path = _write(doc, output, force)
     _render(doc, fmt)
     if path:
-        from taxes.io import announce_written
+        from taxes.documents.io import announce_written
 
         announce_written(path)
     failed = [v for c in doc["cases"] for v in c["variants"] if not v["correctness"].get("passed")]
@@ -271,7 +248,7 @@ def parse_config(text: str) -> dict:
 def _render(doc: dict, fmt: str) -> None:
     """The report of the run on stdout (tables at the terminal's width or, piped, their whole width)."""
     from taxes.console import stdout_console
-    from taxes.io import write_stdout
+    from taxes.documents.io import write_stdout
     from taxes.reports import render
 
     if fmt == "table":
@@ -293,10 +270,10 @@ VALIDATE_GRID = {
 
 
 def _print_validation(table: dict) -> None:
-    """The validation table (taxes.validation.table) at the terminal: per row the E2E and each tax's signed
+    """The validation table (taxes.model.validation.table) at the terminal: per row the E2E and each tax's signed
     error, then per world the E2E error and the per-tax errors where a tax is at least 5% of E2E."""
     from taxes.console import print_table, say, stdout_console
-    from taxes.model import TAXES
+    from taxes.model.predict import TAXES
 
     def cell(r, t):
         e = r.get(f"{t}_error_pct")
@@ -326,16 +303,16 @@ def _print_validation(table: dict) -> None:
 
 
 def gpu_kind(name: str) -> str:
-    from taxes.hardware import gpu_kind as kind
+    from taxes.model.hardware import gpu_kind as kind
 
     return kind(name)
 
 
 def run_hardware(given: str | None, emulate: bool, world: int, command: str):
     """The hardware profile of a run: named (--hardware), else the one that describes this machine's GPUs
-    (taxes.hardware.machine_profile); says which on stderr, and warns when a named one describes another GPU."""
+    (taxes.model.hardware.machine_profile); says which on stderr, and warns when a named one describes another GPU."""
     from taxes.console import say
-    from taxes.hardware import get_profile, machine_profile
+    from taxes.model.hardware import get_profile, machine_profile
 
     if emulate:
         hw = get_profile(given or "h200-sxm")
@@ -354,13 +331,13 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
     import json
 
     from taxes.kernels.runtime import launch
-    from taxes.planted import known_answers, planted_heap_bytes, rank_cases
-    from taxes.results import collect_metadata, write_atomic
+    from taxes.run.planted import known_answers, planted_heap_bytes, rank_cases
+    from taxes.documents.results import collect_metadata, write_atomic
 
     world = _preflight(gpus, emulate)
     opts = {"clock": _clock_name(clock, emulate), "iters": iters, "warmup": 3, "late_iters": 2 * iters}
     if emulate:
-        from taxes.planted import EMULATED_LATE_US, EMULATED_RUNNERS
+        from taxes.run.planted import EMULATED_LATE_US, EMULATED_RUNNERS
 
         opts.update(late_us=EMULATED_LATE_US, runners=EMULATED_RUNNERS)
     results = launch(rank_cases, world, opts, backend="emulated" if emulate else "cuda", timeout_s=timeout_s,
@@ -376,9 +353,9 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
     if records:  # every case's raw records, to look into a row later
         import gzip
 
-        from taxes.instrument import raw_to_columns
+        from taxes.traces.records import raw_to_columns
 
-        from taxes.planted import stored_facts
+        from taxes.run.planted import stored_facts
 
         recs = {k: [raw_to_columns(r[k]["raw"]) | {"plain_us": list(r[k]["plain"]), "facts": stored_facts(r[k])}
                     for r in results]
@@ -392,7 +369,7 @@ def _clock_name(clock: str, emulate: bool) -> str:
         return "host"
     if clock in ("cupti", "torch.profiler"):
         return clock
-    from taxes.cupti import available
+    from taxes.run.cupti import available
 
     return "cupti" if available() is None else "torch.profiler"
 
@@ -428,7 +405,7 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
     import json
 
     from taxes.console import print_table, say, stdout_console
-    from taxes.io import announce_written, check_output, write_atomic, write_error, write_stdout
+    from taxes.documents.io import announce_written, check_output, write_atomic, write_error, write_stdout
 
     if planted:
         check_output(output, True, "-o")  # a known-answer file is replaced, as before
@@ -438,7 +415,7 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
         if fmt == "json":
             write_stdout(json.dumps(rows, indent=1) + "\n")
         else:
-            from taxes.planted import summary
+            from taxes.run.planted import summary
 
             print_table(stdout_console(), "known answers", ["tax", "case", "planted us", "recovered us", "error", "ok"],
                         [[r["tax"], r["case"], f"{r['planted_us']:.1f}", f"{r['recovered_us']:.1f}",
@@ -455,17 +432,17 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
         check_output(os.path.join(output, "validation.json"), force, "-o")  # before any work
     if not from_docs and not emulate and surely_no_gpu():
         raise TaxesError(NO_GPU.replace("profile:", "validate:") + "; or --from RESULT.json to validate measured documents")
-    from taxes import validation
-    from taxes.document import reattribute
-    from taxes.hardware import get_profile
-    from taxes.results import load
+    from taxes.model.predict import validation
+    from taxes.documents.profile_document import reattribute
+    from taxes.model.hardware import get_profile
+    from taxes.documents.results import load
 
     if from_docs:
         measured = [_measured(p) for p in from_docs]
         hw = get_profile(hardware_name) if hardware_name else validation.document_profile(measured[0])[0]
     docs = [reattribute(d, hw) for d in measured] if from_docs else []  # the same measurements, floors from this profile
     if not docs:
-        from taxes.profiling import profile
+        from taxes.run.profile import profile
 
         world = _preflight(gpus, emulate)
         hw = run_hardware(hardware_name, emulate, world, "validate")
@@ -502,7 +479,7 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
 def _measured(path: str) -> dict:
     """A document `validate --from` can judge the model by: one that holds measurements of a workload (not
     the model's own predictions, which would agree with themselves)."""
-    from taxes.results import TRACE_WORKLOAD, load
+    from taxes.documents.results import TRACE_WORKLOAD, load
 
     doc = load(path)
     kind = doc["metadata"].get("kind")

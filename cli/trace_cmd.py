@@ -1,5 +1,5 @@
 """`taxes trace -- PROGRAM ...`: run a program with the profiler switched on from outside, then analyze its
-traces (the recording lives in taxes/trace.py and taxes/trace_hook.py, the analysis in taxes/analyze.py)."""
+traces (the recording lives in taxes/run/trace.py and taxes/run/trace_hook.py, the analysis in taxes/attribution/analyze.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 
 from taxes.cli.options import SECONDS
 from taxes.errors import TaxesError
-from taxes.trace import RECORDS
+from taxes.run.trace import RECORDS
 
 
 @click.command("trace", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -40,9 +40,9 @@ def trace(ctx, out_dir, steps, plain_steps, block, skip, signal, hardware_name, 
     """Run COMMAND (a Python program, or torchrun ... for one trace per rank) with torch.profiler switched on
     from outside over a schedule of steps, time the same kind of steps without it, and analyze the traces:
     the three taxes of any PyTorch program, and what measuring cost."""
-    from taxes import trace as T
+    from taxes.run import trace as T
     from taxes.cli.analyze_cmd import analyze
-    from taxes.io import write_output
+    from taxes.documents.io import write_output
 
     cmd = T.python_module_command(list(command))
     res = T.run(cmd, out_dir, steps=steps, plain=plain_steps, skip=skip, signal=signal, timeout_s=timeout_s,

@@ -1,7 +1,7 @@
 """A kernel for known answers: z = a * x + b, elementwise, float32.
 
 Two launches (y = 2x, then z = y + 1) round-trip y through HBM; one launch (z = 2x + 1) does not: the
-difference is a data-locality tax of exactly 2 |y| bytes, planted on purpose (taxes.planted).
+difference is a data-locality tax of exactly 2 |y| bytes, planted on purpose (taxes.run.planted).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
                 graph (the same in a CUDA graph: launch tax removed), fused (kernels that move data
                 themselves: the bulk-synchronous and locality taxes removed too), peer (someone else's
                 implementation, timed for comparison), auto (fused-auto: a graph or fused variant, picked
-                per workload, shape, world and GPU from the committed measurements, taxes.auto)
+                per workload, shape, world and GPU from the committed measurements, taxes.run.auto)
     graphed     replayed from a CUDA graph
     eager_twin  for a graphed variant, the same kernels launched eagerly (graph_twin() is the converse)
     model       the model variant that predicts it (None: the model has none); the model's own variants

@@ -76,8 +76,8 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
 def profile_doc(rng: random.Random, n_iter: int = 21):
     """A synthetic measured document: 2 cases x 2 variants, 2 ranks of samples each, per-rank rows that add up
     to each variant's attributed E2E (its plain E2E plus a measurement cost)."""
-    from taxes import results
-    from taxes.attribute import ROWS as COMPONENTS
+    from taxes.documents import results
+    from taxes.attribution.attribute import ROWS as COMPONENTS
     from taxes.workloads import make_workload
 
     doc = results.new_document({"kind": "profile", "tool_version": "0.1.0", "world_size": 2,

@@ -38,8 +38,9 @@ def _isolated_profiles(monkeypatch, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def _model_doc_master():
-    from taxes import model, results
-    from taxes.hardware import BUILTIN
+    from taxes.model.predict import predict as model
+    from taxes.documents import results
+    from taxes.model.hardware import BUILTIN
     from taxes.workloads import make_workload
 
     hw = BUILTIN["h200-sxm"]

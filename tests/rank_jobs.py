@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from taxes.cases import rel_error
+from taxes.run.cases import rel_error
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels import decode_local
 from taxes.kernels import flash_decode as fd

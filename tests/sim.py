@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from taxes.timeline import timeline
+from taxes.traces.timeline import timeline
 
 
 @dataclass

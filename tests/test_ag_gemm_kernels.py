@@ -14,7 +14,7 @@ import pytest
 import torch
 from rank_jobs import SMALL, ag_gemm_job
 
-from taxes.cases import rel_error
+from taxes.run.cases import rel_error
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels.runtime import RankError, interpreting, launch
 

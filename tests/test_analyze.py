@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kineto_build import AG, AR, MM, T0, TRITON, Op, Program, add_launch, add_op, add_step, new_trace, write_trace
 
-from taxes import analyze as A
-from taxes import kineto
-from taxes.attribute import ROWS
+from taxes.attribution import analyze as A
+from taxes.traces import kineto
+from taxes.attribution.attribute import ROWS
 from taxes.errors import TaxesError
 
 DATA = Path(__file__).parent / "data" / "traces"
@@ -97,7 +97,7 @@ def test_plain_and_gzip_traces_load_the_same(tmp_path):
 def test_streaming_reads_what_json_reads(tmp_path, monkeypatch):
     """Chunks far smaller than an event: the reader refills mid-value and mid-number and still agrees
     with json.loads on every kept event; keys after traceEvents are read too."""
-    from taxes import tracestream
+    from taxes.traces import stream as tracestream
 
     tr = tp_rank_trace(1, steps=2)
     tr["doc"]["traceName"] = "after the events"
@@ -373,7 +373,7 @@ def test_without_step_marks_or_repetition_the_window_is_the_gpu_span(tmp_path):
 
 
 def test_document_json_contract(tmp_path):
-    from taxes import results
+    from taxes.documents import results
 
     an = A.analyze(write_tp(tmp_path), plain_steps={0: [250.0] * 3, 1: [251.0] * 3})
     doc = json.loads(results.dumps(A.analysis_document(an)))

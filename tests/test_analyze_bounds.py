@@ -19,8 +19,8 @@ import pytest
 from _util import assert_one_line
 from kineto_build import MM, add_launch, add_op, add_step, new_trace, write_trace
 
-from taxes import analyze as A
-from taxes import classify
+from taxes.attribution import analyze as A
+from taxes.traces import classify
 from taxes.errors import TaxesError
 
 TAXES = str(Path(sys.executable).with_name("taxes"))

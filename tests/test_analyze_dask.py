@@ -17,8 +17,8 @@ from kineto_build import write_trace
 from test_analyze import REAL_PATHS, write_tp
 from test_stragglers import lockstep
 
-from taxes import analyze as A
-from taxes import ranks
+from taxes.attribution import analyze as A
+from taxes.attribution import ranks
 from taxes.errors import TaxesError
 
 distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed (the dask extra)")

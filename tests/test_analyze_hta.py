@@ -24,7 +24,7 @@ from test_analyze import (
     write_trace,
 )
 
-from taxes import analyze as A
+from taxes.attribution import analyze as A
 
 pytest.importorskip("hta.trace_analysis", reason="HTA (holistictraceanalysis, with psutil) is not installed")
 

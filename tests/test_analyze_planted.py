@@ -14,9 +14,9 @@ import math
 import pytest
 from kineto_build import AR, MM, SENDRECV, Op, Program, add_launch, add_step, new_trace, write_trace
 
-from taxes import analyze as A
-from taxes.attribute import ROWS
-from taxes.hardware import get_profile
+from taxes.attribution import analyze as A
+from taxes.attribution.attribute import ROWS
+from taxes.model.hardware import get_profile
 
 WITHIN = 0.05
 

@@ -14,9 +14,9 @@ import random
 import pytest
 
 from sim import Launch, Sim, run
-from taxes.attribute import ROWS, attribute, iqm, kept_iterations, summarize
-from taxes.floor import Floor
-from taxes.timeline import timeline
+from taxes.attribution.attribute import ROWS, attribute, iqm, kept_iterations, summarize
+from taxes.model.floor import Floor
+from taxes.traces.timeline import timeline
 
 
 def rows_of(tl, **kw):

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from taxes.auto import pick, shape_distance, table_entries
+from taxes.run.auto import pick, shape_distance, table_entries
 
 
 def _entry(workload, gpu, world, shape, e2e):
@@ -56,8 +56,8 @@ def test_table_entries_take_correct_graph_and_fused_variants_only():
 def test_the_committed_table_picks_what_its_documents_measured_fastest():
     import json
 
-    from taxes.auto import _entries
-    from taxes.results import load
+    from taxes.run.auto import _entries
+    from taxes.documents.results import load
 
     entries = _entries()
     assert entries
@@ -72,7 +72,7 @@ def test_the_committed_table_picks_what_its_documents_measured_fastest():
 @pytest.mark.slow
 def test_an_emulated_fused_auto_runs_the_graph_and_says_so():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    from taxes.profiling import profile
+    from taxes.run.profile import profile
 
     doc = profile("ag-gemm", "M=64,N=64,K=32", 2, ["bsp", "bsp-graph", "fused-auto"], iters=3, warmup=1,
                   emulate=True, timeout_s=300, rounds=1,

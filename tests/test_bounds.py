@@ -20,7 +20,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from taxes import results
+from taxes.documents import results
 
 DATA = Path(__file__).parent / "data"
 CPU_LIMIT_S = 10.0  # CPU time of the command: what a bound means on a machine loaded by other work
@@ -90,8 +90,8 @@ def _measured_doc(tmp: Path) -> Path:
 
 
 def _model_doc(tmp: Path) -> Path:
-    from taxes import model
-    from taxes.hardware import BUILTIN
+    from taxes.model.predict import predict as model
+    from taxes.model.hardware import BUILTIN
     from taxes.workloads import make_workload
 
     path = tmp / "model.json"
@@ -116,7 +116,7 @@ def _socket(tmp: Path) -> Path:
 
 
 def _profile_file(tmp: Path, **changes) -> Path:
-    from taxes.hardware import BUILTIN, profile_to_dict
+    from taxes.model.hardware import BUILTIN, profile_to_dict
 
     path = tmp / "tiny.json"
     path.write_text(json.dumps(profile_to_dict(BUILTIN["h200-sxm"]) | changes))
@@ -327,7 +327,7 @@ def test_an_emulated_run_is_refused_before_it_outgrows_the_machine(monkeypatch):
     10 GiB available it is refused in one line, before any rank starts."""
     from click.testing import CliRunner
 
-    from taxes import preflight, profiling
+    from taxes.run import preflight, profile as profiling
     from taxes.cli.main import cli
 
     def started(*args, **kwargs):

@@ -21,15 +21,15 @@ from _util import assert_one_line, run_cli
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from taxes import calibrate as cal
-from taxes.calibrate import derive, fits, measurements, plan, run
+from taxes.model.predict import calibrate as cal
+from taxes.model.calibrate import derive, fits, measurements, plan, run
 from taxes.cli.calibrate_cmd import calibrate as calibrate_command
 from taxes.cli.main import TaxesGroup
 from taxes.errors import TaxesError
-from taxes.hardware import BUILTIN, get_profile, load_profile_file, profile_from_dict, profile_to_dict
+from taxes.model.hardware import BUILTIN, get_profile, load_profile_file, profile_from_dict, profile_to_dict
 from taxes.kernels import probes, runtime
 from taxes.kernels.runtime import interpreting, launch
-from taxes.model import predict
+from taxes.model.predict import predict
 from taxes.workloads import WORKLOADS, make_workload, model_variants
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def _noisy(rng, x, n, rel=0.01):
 
 
 def synthetic_ranks(rng: random.Random, world: int = 2, truth: dict = TRUTH, reps: int = 7) -> list[dict]:
-    """Per-rank readings shaped like taxes.calibrate.run.measure()'s, generated from `truth` plus noise."""
+    """Per-rank readings shaped like taxes.model.calibrate.run.measure()'s, generated from `truth` plus noise."""
     t = truth
     flops = 2 * 8192 ** 3
     ranks = []
@@ -646,7 +646,7 @@ def test_cli_saves_a_profile_that_model_loads_by_name(calibrate_cli, capsys, mon
     code, out, err = run_cli(["model", "ag-gemm", "--hardware", "h200-x2-calibrated", "--format", "json"], capsys)
     assert code == 0, err
     assert json.loads(out)["metadata"]["hardware_profile"] == "h200-x2-calibrated"
-    from taxes.hardware import machine_profile
+    from taxes.model.hardware import machine_profile
 
     hw, why, warn = machine_profile("NVIDIA H200", 2)
     assert hw.name == "h200-x2-calibrated" and warn is None, why
@@ -963,7 +963,7 @@ def test_committed_calibrations_load_by_name_and_say_where_and_when_they_were_me
     list` and `show` give the machine and the date its own record holds."""
     from collections import Counter
 
-    from taxes.hardware import calibrated_name
+    from taxes.model.hardware import calibrated_name
 
     code, listing, err = run_cli(["hardware", "list"], capsys)
     assert code == 0, err

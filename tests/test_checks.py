@@ -1,4 +1,4 @@
-"""The measurement's checks (taxes/checks.py, `taxes check`) on a profiled document and on edited copies of
+"""The measurement's checks (taxes/documents/checks.py, `taxes check`) on a profiled document and on edited copies of
 it, so each check is seen recomputed from the document and seen to fail when its quantity leaves its limit."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import os
 import pytest
 from _util import run_cli
 
-from taxes.checks import LIMITS, checks_frame, checks_summary, provenance_problems
-from taxes.results import save
+from taxes.documents.checks import LIMITS, checks_frame, checks_summary, provenance_problems
+from taxes.documents.results import save
 
 
 @pytest.fixture(scope="module")
 def doc():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    from taxes.profiling import profile
+    from taxes.run.profile import profile
 
     return profile("flash-decode", "B=1,Hq=8,Hkv=2,D=64,S=24", 2, ["bsp", "bsp-graph", "fused-push"], iters=4,
                    warmup=1, emulate=True, config={"block_n": 16}, timeout_s=300).document
@@ -107,7 +107,7 @@ def _two_rank_variant(rng, plain_quick, plain_spread, inst_quick, inst_spread, n
 def test_measuring_cost_is_split_into_the_quickest_ranks_change_and_the_spreads():
     import random
 
-    from taxes.checks import measurement_cause
+    from taxes.documents.checks import measurement_cause
 
     rng = random.Random(5)
     cause = measurement_cause(_two_rank_variant(rng, 100.0, 8.0, 104.0, 50.0))
@@ -118,7 +118,7 @@ def test_measuring_cost_is_split_into_the_quickest_ranks_change_and_the_spreads(
 
 
 def test_negative_unattributed_as_large_as_locality_is_named():
-    from taxes.checks import unattributed_cause
+    from taxes.documents.checks import unattributed_cause
 
     assert "locality" in unattributed_cause({"unattributed": -87.2, "locality": 87.2}, 1125.0)
     assert "+95.4 us beyond it" in unattributed_cause({"unattributed": -100.8, "locality": 196.2}, 1403.0)
@@ -131,8 +131,9 @@ def test_check_over_every_committed_document_at_once(capsys, tmp_path):
     every committed result document and a model one (skipped with a note) it gives a verdict."""
     from committed import result_documents
 
-    from taxes import model, results
-    from taxes.hardware import BUILTIN
+    from taxes.model.predict import predict as model
+    from taxes.documents import results
+    from taxes.model.hardware import BUILTIN
     from taxes.workloads import make_workload
 
     model_doc, hw = tmp_path / "model.json", BUILTIN["h100-sxm"]

@@ -16,9 +16,9 @@ from _util import PNG_SIGNATURE, assert_one_line, assert_self_contained_html, as
 
 import taxes
 from committed import committed
-from taxes import results
-from taxes.hardware import BUILTIN, profile_from_dict, profile_to_dict
-from taxes.model import COMPONENT_TITLES, COMPONENTS, predict
+from taxes.documents import results
+from taxes.model.hardware import BUILTIN, profile_from_dict, profile_to_dict
+from taxes.model.predict import COMPONENT_TITLES, COMPONENTS, predict
 from taxes.variants import model_names
 from taxes.workloads import WORKLOADS, make_workload, model_variants
 
@@ -347,8 +347,8 @@ def test_no_number_is_cut_at_80_columns_or_piped(args):
 
 
 def test_sweep_cells_hold_the_models_numbers_at_80_columns():
-    from taxes.hardware import BUILTIN
-    from taxes.model import sweep
+    from taxes.model.hardware import BUILTIN
+    from taxes.model.predict import sweep
 
     p = _taxes(["model", "ag-gemm", "--sweep", "M=1024:16384"], columns=80)
     preds = sweep(make_workload("ag-gemm", {}, 2), "M", [1024, 2048, 4096, 8192, 16384], BUILTIN["h200-sxm"])

@@ -21,8 +21,8 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taxes import compare as cmp
-from taxes import results
+from taxes.reports import compare as cmp
+from taxes.documents import results
 from taxes.cli.compare_cmd import compare
 from taxes.cli.main import TaxesGroup
 from taxes.errors import TaxesError
@@ -664,8 +664,8 @@ def test_a_document_against_itself_changes_no_tax():
 def test_iteration_rows_are_what_the_documents_rows_average():
     """The per-iteration rows an interval resamples average, over the kept iterations, to the document's
     own rows: the intervals are of the statistic the document shows."""
-    from taxes.attribute import ROWS, kept_iterations
-    from taxes.iterations import iteration_rows
+    from taxes.attribution.attribute import ROWS, kept_iterations
+    from taxes.documents.iterations import iteration_rows
 
     doc = results.load(committed("reports/profile/ag_gemm-h100-x2.json.gz"))
     case = doc["cases"][0]

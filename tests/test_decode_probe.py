@@ -13,7 +13,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
-from taxes.cases import rel_error
+from taxes.run.cases import rel_error
 from taxes.kernels.decode_local import attention_partial_f32
 from taxes.kernels.runtime import interpreting
 

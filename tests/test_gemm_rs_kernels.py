@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from taxes.cases import rel_error
+from taxes.run.cases import rel_error
 from taxes.kernels import gemm_rs as rs
 from taxes.kernels.runtime import RankError, interpreting, launch
 

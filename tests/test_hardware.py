@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from taxes.errors import TaxesError
-from taxes.hardware import (
+from taxes.model.hardware import (
     BUILTIN,
     PROFILE_SCHEMA,
     PROFILE_VERSION,
@@ -209,7 +209,7 @@ def test_profile_field_mutations_validate_or_fail_cleanly(key, value):
 
 
 def test_per_launcher_host_costs_must_name_known_kinds():
-    from taxes.hardware import BUILTIN, profile_from_dict, profile_to_dict
+    from taxes.model.hardware import BUILTIN, profile_from_dict, profile_to_dict
 
     d = profile_to_dict(BUILTIN["h200-sxm"])
     ok = profile_from_dict(d | {"launch_host_us": {"nccl": 25.0, "graph": 8.0}})

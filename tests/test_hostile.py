@@ -23,8 +23,9 @@ import pytest
 from _util import assert_one_line
 from click.testing import CliRunner
 
-from taxes import io as tio
-from taxes import results, sanitize
+from taxes.documents import io as tio
+from taxes.documents import results
+from taxes import sanitize
 from taxes.cli.main import cli
 from taxes.errors import TaxesError
 
@@ -267,7 +268,7 @@ def test_impossible_values_are_refused_with_the_field_path(model_doc, tmp_path, 
 def test_the_published_schema_is_shipped_and_versioned():
     from importlib import resources
 
-    text = resources.files("taxes.schema").joinpath("result-v1.json").read_text()
+    text = resources.files("taxes.documents.schema").joinpath("result-v1.json").read_text()
     schema = json.loads(text)
     assert schema["properties"]["schema_version"] == {"const": results.SCHEMA_VERSION}
     import jsonschema
@@ -329,8 +330,8 @@ def _tp_trace(tmp_path, mutate=None):
                                   '{"deviceProperties": [], "traceEvents": []}'])
 def test_empty_traces_are_refused_in_one_line(tmp_path, text):
     """Defect: an empty trace crashed analyze with an internal error (the check, for analyze to call)."""
-    from taxes.kineto import load_trace
-    from taxes.trace_checks import check_events
+    from taxes.traces.kineto import load_trace
+    from taxes.traces.checks import check_events
 
     path = tmp_path / "t.json"
     path.write_text(text)
@@ -341,8 +342,8 @@ def test_empty_traces_are_refused_in_one_line(tmp_path, text):
 
 
 def test_the_real_traces_need_no_repair():
-    from taxes.kineto import load_trace
-    from taxes.trace_checks import repair_events
+    from taxes.traces.kineto import load_trace
+    from taxes.traces.checks import repair_events
 
     for p in sorted((DATA / "traces" / "real").glob("*.json.gz")):
         ev = load_trace(p)
@@ -427,7 +428,7 @@ def test_calibrated_profiles_are_found_by_name_from_anywhere(tmp_path):
 
 
 def test_no_gpu_is_refused_in_under_a_second(tmp_path):
-    from taxes.cli.profile_cmd import no_gpu_here
+    from taxes.run.preflight import no_gpu_here
 
     if not no_gpu_here():
         pytest.skip("this machine has a GPU driver")

@@ -11,7 +11,7 @@ import pytest
 from _browser import Browser, chromium
 
 from committed import committed
-from taxes import results
+from taxes.documents import results
 from taxes.reports import render
 
 DATA = Path(__file__).parent / "data" / "documents"

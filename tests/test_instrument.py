@@ -1,4 +1,4 @@
-"""Instrumented iterations and their assembly into a timeline (taxes/instrument.py), on the host clock.
+"""Instrumented iterations and their assembly into a timeline (taxes/run/instrument.py), on the host clock.
 
 The cheap clock records device activities alone in the timed iterations and places their launches from the
 warm-up's launch sequence and the host stamps: the rows it gives must be the rows the full records give."""
@@ -12,9 +12,10 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from taxes.attribute import ROWS, attribute
-from taxes.instrument import HostRecorder, assemble, record_iterations
-from taxes.planted import spin_us
+from taxes.attribution.attribute import ROWS, attribute
+from taxes.run.instrument import HostRecorder, record_iterations
+from taxes.traces.records import assemble
+from taxes.run.planted import spin_us
 
 
 class Ctx(SimpleNamespace):
@@ -101,7 +102,7 @@ class NoLaunches(HostRecorder):
 def test_launches_placed_from_a_template_block_recorded_after_the_rounds():
     """`taxes profile` with cupti-python: rounds of blocks without any launch record, then one block of
     warm-ups that records them; merged, every timed iteration is placed from that last block."""
-    from taxes.measure import merge_blocks
+    from taxes.run.measure import merge_blocks
 
     runner = Steps(spin=40.0)
     blocks = [record_iterations(CTX, runner, [()], 3, 1, NoLaunches(), graph=False, fused=False) for _ in range(2)]

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from taxes.cases import rel_error
+from taxes.run.cases import rel_error
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels import gemm_rs as rs
 from taxes.kernels import tp_mlp as mlp

@@ -11,10 +11,10 @@ from _util import assert_one_line
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taxes import model
+from taxes.model.predict import predict as model
 from taxes.errors import TaxesError
-from taxes.hardware import BUILTIN
-from taxes.model import COMPONENTS, TAXES, ModelOptions, floor_of, predict, predict_all
+from taxes.model.hardware import BUILTIN
+from taxes.model.predict import COMPONENTS, TAXES, ModelOptions, floor_of, predict, predict_all
 from taxes.variants import get, model_names
 from taxes.workloads import WORKLOADS, make_workload, model_variants
 
@@ -463,7 +463,7 @@ def _sweeps(name: str, world: int):
 def test_checks_hold_on_every_sweep_of_every_profile(hw_name):
     """Every shape `taxes model --sweep` reaches, on every built-in and committed calibrated profile, at 1,
     2, 4 and 8 GPUs: predict() runs the checks on every variant (a graph against the same steps eager)."""
-    from taxes.hardware import get_profile
+    from taxes.model.hardware import get_profile
 
     hw = get_profile(hw_name)
     count = 0

@@ -10,8 +10,8 @@ import json
 import pytest
 from kineto_build import Op, Program, new_trace, write_trace
 
-from taxes import analyze as A
-from taxes import results
+from taxes.attribution import analyze as A
+from taxes.documents import results
 
 TITLE = "data-locality tax"
 

@@ -17,8 +17,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 from committed import committed, result_documents
 
-from taxes.attribute import ROWS
-from taxes.results import load, validate
+from taxes.attribution.attribute import ROWS
+from taxes.documents.results import load, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +42,7 @@ def assert_rows_add_up(v):
 
 @pytest.mark.slow
 def test_emulated_profile_of_both_workloads_checks_every_variant_and_closes():
-    from taxes.profiling import profile
+    from taxes.run.profile import profile
 
     ag = profile("ag-gemm", ["M=64,N=48,K=32", "M=32,N=32,K=16"], 2, iters=3, warmup=1, emulate=True,
                  config=TINY_AG, timeout_s=300)
@@ -73,7 +73,7 @@ _CALLS = []  # the order in which the fake plain timing below was called (one li
 
 
 def _numbered_timing(ctx, run, input_sets, iters, warmup, label="", align=None):
-    """Stands in for taxes.harness.time_iterations: runs the variant once, returns the call's number per sample."""
+    """Stands in for taxes.run.harness.time_iterations: runs the variant once, returns the call's number per sample."""
     run(*input_sets[0])
     _CALLS.append(label)
     return [float(len(_CALLS) - 1)] * iters
@@ -87,8 +87,8 @@ def _counted_instrumented_block(*args, **kwargs):
 
 @pytest.mark.slow
 def test_emulated_profile_interleaves_the_variants_in_rounds(monkeypatch):
-    from taxes import measure
-    from taxes.profiling import profile
+    from taxes.run import measure
+    from taxes.run.profile import profile
 
     global _REAL_INSTRUMENTED_BLOCK
     _REAL_INSTRUMENTED_BLOCK = measure._instrumented_block
@@ -155,7 +155,7 @@ def test_bad_profile_input_is_one_line_and_exit_2(argv, needle):
 
 @pytest.mark.slow
 def test_emulated_profile_of_gemm_rs():
-    from taxes.profiling import profile
+    from taxes.run.profile import profile
 
     res = profile("gemm-rs", "M=64,N=40,K=48", 2, iters=2, warmup=0, emulate=True,
                   config=dict(block_m=16, block_n=16, block_k=16, grid=4), timeout_s=300)
@@ -172,7 +172,7 @@ def test_emulated_profile_of_gemm_rs():
 
 @pytest.mark.slow
 def test_report_reattributes_a_measured_document_from_its_stored_records(tmp_path, model_doc):
-    from taxes.profiling import profile
+    from taxes.run.profile import profile
 
     doc = profile("flash-decode", "B=1,Hq=8,Hkv=2,D=64,S=24", 2, ["bsp", "fused-push"], iters=4, warmup=1,
                   emulate=True, config={"block_n": 16}, timeout_s=300, hardware="h200-sxm").document
@@ -236,8 +236,8 @@ def test_the_rows_rule_catches_a_profile_without_rows():
 
 
 def test_memory_check_counts_every_variant_kept_alive_across_rounds():
-    from taxes import preflight
-    from taxes.profiling import bytes_for_case
+    from taxes.run import preflight
+    from taxes.run.profile import bytes_for_case
     from taxes.workloads import make_workload
 
     w = make_workload("ag-gemm", {"M": 8192, "N": 8192, "K": 8192}, 2, "bf16")
@@ -255,8 +255,8 @@ def test_an_iteration_start_aligned_on_the_devices_is_run_and_said(monkeypatch):
     # start event (counted in the forked ranks through a shared file), and the document says which start ran
     import tempfile
 
-    from taxes import harness
-    from taxes.profiling import profile
+    from taxes.run import harness
+    from taxes.run.profile import profile
 
     calls = tempfile.NamedTemporaryFile(delete=False)
     real = harness.AlignedStart.__call__

@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 
 from sim import Launch, run
-from taxes.attribute import ROWS, attribute
-from taxes.instrument import assemble_ranks, on_one_clock, raw_from_columns, raw_to_columns, shifted
+from taxes.attribution.attribute import ROWS, attribute
+from taxes.traces.records import assemble_ranks, on_one_clock, raw_from_columns, raw_to_columns, shifted
 
 
 def one(rows, rank, step=0):
@@ -104,7 +104,7 @@ def test_the_shared_origin_survives_the_stored_form():
 
 
 def test_blocks_of_one_rank_keep_their_distance_on_the_shared_clock():
-    from taxes.measure import merge_blocks
+    from taxes.run.measure import merge_blocks
 
     a, b = raw_record(0, 5000.0, 20.0, 30.0, 50.0), raw_record(0, 7500.0, 20.0, 30.0, 50.0)
     merged = merge_blocks([a, b])
@@ -205,7 +205,7 @@ class _FusedRunner:
 
 
 def test_a_fused_kernels_wait_is_the_wait_of_the_cta_that_finished_last():
-    from taxes.measure import critical_waits
+    from taxes.run.measure import critical_waits
 
     rng = random.Random(3)
     # 128 CTAs that waited nothing and ended early (their tiles were local), 4 that waited for a late peer's
@@ -237,7 +237,7 @@ class _Bsp:
 
 @pytest.mark.parametrize("how, x", [("device", 100.0), ("host", 100.0), ("host", 0.0), ("device", 0.0)])
 def test_the_late_rank_is_delayed_just_before_its_first_collective_and_only_it(how, x):
-    from taxes.planted import Late
+    from taxes.run.planted import Late
 
     names = [[n for n, _, _ in Late(_Ctx(r), _Bsp(), how, x).phases()] for r in (0, 1)]
     assert names[0] == ["matmul", "reduce-scatter", "cast"]  # every other rank runs the runner unchanged
@@ -247,7 +247,7 @@ def test_the_late_rank_is_delayed_just_before_its_first_collective_and_only_it(h
 
 
 def test_the_machines_gpu_picks_its_hardware_profile():
-    from taxes.hardware import machine_profile
+    from taxes.model.hardware import machine_profile
 
     hw, why, warn = machine_profile("NVIDIA H100 80GB HBM3", 2)  # a calibration of 2 x H100 is committed
     assert hw.name == "h100-x2-calibrated" and warn is None

@@ -36,7 +36,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taxes.variants import variants_of
-from taxes import hardware, preflight, results
+from taxes.model.predict import hardware
+from taxes.run import preflight
+from taxes.documents import results
 from taxes.cli.main import cli
 from taxes.errors import TaxesError
 from taxes.kernels import runtime
@@ -518,7 +520,7 @@ def test_ag_gemm_memory_estimate_covers_what_the_kernel_allocates(monkeypatch, v
 
     M, N, K, p = 256, 128, 64, 2
     ctx = _FakeCtx(p)
-    a_full = ctx.heap.alloc((M, K), torch.bfloat16)  # the input every variant gets (taxes.cases)
+    a_full = ctx.heap.alloc((M, K), torch.bfloat16)  # the input every variant gets (taxes.run.cases)
     w, out = torch.empty(K, N // p, dtype=torch.bfloat16), torch.empty(M, N // p, dtype=torch.bfloat16)
     _count_private(monkeypatch, ctx)
     cfg = ag.Config(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2, copiers=1,
@@ -811,12 +813,12 @@ def test_cli_options_from_the_user_run_or_fail_in_one_line(shape, world):
 
 
 def test_a_bug_in_taxes_is_still_one_line_with_the_way_to_see_more(monkeypatch):
-    import taxes.hardware
+    import taxes.model.hardware
 
     def broken(name):
         raise ZeroDivisionError("planted bug")
 
-    monkeypatch.setattr(taxes.hardware, "get_profile", broken)
+    monkeypatch.setattr(taxes.model.hardware, "get_profile", broken)
     res = _cli(["hardware", "show", "h200-sxm"])
     assert res.exit_code == 2  # never 1: that is a verdict (compare, check), a crash must not read as one
     assert res.stderr == "taxes: error: internal error: ZeroDivisionError: planted bug (set TAXES_DEBUG=1 for the traceback)\n"
@@ -842,7 +844,7 @@ def test_hostile_names_are_shown_as_text_not_markup(tmp_path):
 WRITER = """
 import sys
 import tempfile
-from taxes.results import write_atomic
+from taxes.documents.results import write_atomic
 path, a, b = sys.argv[1], sys.argv[2], sys.argv[3]
 texts = [open(a).read(), open(b).read()]
 print("ready", flush=True)

@@ -18,9 +18,9 @@ import pytest
 from _util import assert_one_line, assert_self_contained_html, assert_valid_png, assert_valid_svg, profile_doc
 
 from committed import committed
-from taxes import results
+from taxes.documents import results
 from taxes.errors import TaxesError
-from taxes.model import COMPONENT_TITLES, COMPONENTS, TAXES
+from taxes.model.predict import COMPONENT_TITLES, COMPONENTS, TAXES
 from taxes.reports import plots, render
 
 DATA = Path(__file__).parent / "data" / "documents"
@@ -220,7 +220,7 @@ def test_failed_checks_lead_and_are_coloured(emulated_doc):
 
 def test_json_report_is_the_document_with_its_report_and_loads_back(model_doc, tmp_path):
     out = render.render_json(model_doc)
-    back = results.loads(out)  # validates against taxes/schema/result-v1.json
+    back = results.loads(out)  # validates against taxes/documents/schema/result-v1.json
     assert {k: v for k, v in back.items() if k != "report"} == model_doc
     rep = back["report"]
     assert rep["statistic"] == "interquartile mean" and rep["marks"][0] == "PREDICTED"
@@ -343,8 +343,8 @@ def test_timeline_png_of_model(model_doc):
 def test_sweep_lines_are_told_apart():
     import matplotlib.pyplot as plt
 
-    from taxes.hardware import BUILTIN
-    from taxes.model import sweep
+    from taxes.model.hardware import BUILTIN
+    from taxes.model.predict import sweep
     from taxes.workloads import make_workload
 
     values = [1024, 2048, 4096, 8192]
@@ -411,8 +411,8 @@ def test_every_loadable_document_renders(model_doc, mutations):
 def test_a_peer_timed_plain_is_not_called_older_rules():
     # one H100 ag-gemm document: PyTorch's fused_all_gather_matmul (torch-async-tp) is timed plain by design;
     # the report must say so, not that the document predates the rules, and --strict must not count it
-    from taxes.checks import provenance_problems
-    from taxes.results import TIMED_PLAIN, rows_state
+    from taxes.documents.checks import provenance_problems
+    from taxes.documents.results import TIMED_PLAIN, rows_state
 
     doc = results.load(committed("reports/profile/ag_gemm-h100-x1.json.gz"))
     states = {v["variant"]: rows_state(v) for c in doc["cases"] for v in c["variants"]}
@@ -440,7 +440,7 @@ def traced_paths(tmp_path):
 
 
 def _analyze_document(paths) -> dict:
-    from taxes import analyze as A
+    from taxes.attribution import analyze as A
 
     return results.loads(results.dumps(A.analysis_document(A.analyze([str(p) for p in paths]))))
 

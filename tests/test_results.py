@@ -16,10 +16,10 @@ from _util import assert_one_line, profile_doc as _profile_doc
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from taxes import results
+from taxes.documents import results
 from taxes.errors import TaxesError
-from taxes.attribute import ROWS as COMPONENTS
-from taxes.model import COMPONENTS as MODEL_COMPONENTS
+from taxes.attribution.attribute import ROWS as COMPONENTS
+from taxes.model.predict import COMPONENTS as MODEL_COMPONENTS
 
 # ---- building and round trips ----------------------------------------------------------------------
 
@@ -311,8 +311,8 @@ JSON_VALUES = st.recursive(
 
 @pytest.fixture(scope="module")
 def small_doc():
-    from taxes.hardware import BUILTIN
-    from taxes.model import predict_all
+    from taxes.model.hardware import BUILTIN
+    from taxes.model.predict import predict_all
     from taxes.workloads import make_workload
 
     w = make_workload("flash-decode", {"B": 1, "Hq": 8, "Hkv": 2, "D": 64, "S": 4096}, 2)
@@ -463,12 +463,12 @@ def test_empty_document_frames():
 
 
 def test_summaries_of_many_samples_match_the_definitions():
-    """summarize_samples (numpy) against taxes.attribute.iqm and pandas' quantiles, on random ragged-free
+    """summarize_samples (numpy) against taxes.attribution.attribute.iqm and pandas' quantiles, on random ragged-free
     samples with ties."""
     import numpy as np
     import pandas as pd
 
-    from taxes.attribute import iqm
+    from taxes.attribution.attribute import iqm
 
     rng = np.random.default_rng(8)
     for n in (1, 2, 3, 7, 30, 1001):
@@ -485,7 +485,7 @@ def test_a_large_document_is_checked_without_visiting_each_number(monkeypatch):
     a Python sort. Long arrays of plain numbers now take one pass; the per-item validator is not called."""
     import numpy as np
 
-    from taxes import schema
+    from taxes.documents import schema
 
     calls = []
     real = schema._fast_ok

@@ -1,4 +1,4 @@
-"""The straggler summary on multi-rank timelines with a planted late rank (taxes/stragglers.py).
+"""The straggler summary on multi-rank timelines with a planted late rank (taxes/attribution/stragglers.py).
 
 Each rank runs the same steps in lockstep (tests/kineto_build.Program): a matmul, then all-reduces whose
 NCCL-like kernels all end together, once the last rank has arrived. One rank, drawn at random, is late
@@ -14,8 +14,8 @@ import random
 import pytest
 from kineto_build import AR, MM, Op, Program, add_step, new_trace, write_trace
 
-from taxes import analyze as A
-from taxes import stragglers as late
+from taxes.attribution import analyze as A
+from taxes.attribution import stragglers as late
 
 TRANSFER_US = 12.0
 HOST_FRAME = "late_host_work"

@@ -18,15 +18,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _util import assert_one_line, run_cli
-from taxes import results
-from taxes.cases import rel_error
+from taxes.documents import results
+from taxes.run.cases import rel_error
 from taxes.errors import TaxesError
-from taxes.hardware import BUILTIN
+from taxes.model.hardware import BUILTIN
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels import gemm_rs as rs
 from taxes.kernels import tp_mlp as mlp
 from taxes.kernels.runtime import interpreting, launch, round_bf16_like_a_gpu
-from taxes.model import COMPONENTS, predict, predict_all
+from taxes.model.predict import COMPONENTS, predict, predict_all
 from taxes.variants import model_names
 from taxes.workloads import make_workload, parse_shape
 
@@ -78,7 +78,7 @@ def _job(ctx, variants, dtype_names, seed, calls=3, gpu_like_bf16=True, mutate=F
     """Per dtype and variant: `calls` calls on fresh inputs, each output poisoned first; the relative
     errors against the float32 layer. The second call of a fused variant runs its traced build through
     phases(); mutate: also all-bsp with W1's gate and up halves swapped."""
-    from taxes.cases import fused_trace
+    from taxes.run.cases import fused_trace
 
     if gpu_like_bf16:
         round_bf16_like_a_gpu()
@@ -226,7 +226,7 @@ def test_cli_refuses_a_bad_tp_mlp_shape_in_one_line(capsys):
 
 
 def test_profile_plan_refuses_bad_input_before_running():
-    from taxes.profiling import plan
+    from taxes.run.profile import plan
 
     for args, needle in ((("tp-mlp", "M=100,H=32,F=48", 3), "divisible"),
                          (("tp-mlp", "M=64,H=32,F=48", 2, ["bsp"]), "unknown tp-mlp variant")):
@@ -276,7 +276,7 @@ def test_work_and_bytes_add_up_over_the_ranks(w):
 
 @given(tp_mlp_workloads(), st.integers(1, 4))
 def test_memory_preflight_counts_every_buffer(w, sets):
-    from taxes.preflight import bytes_needed as _tp_mlp_bytes
+    from taxes.run.preflight import bytes_needed as _tp_mlp_bytes
 
     p, M, H, F, e = w.world, w.M, w.H, w.F, w.elt
     rows, f_local = M // p, F // p
@@ -375,7 +375,7 @@ def test_cli_model_prints_the_four_variants(capsys):
 
 @pytest.mark.slow
 def test_emulated_profile_checks_every_variant_and_closes():
-    from taxes.profiling import profile
+    from taxes.run.profile import profile
 
     # fp16: under the interpreter a bf16 fused layer is off by ~1.1% (see the xfail above), not the kernels' doing
     res = profile("tp-mlp", "M=64,H=32,F=48", 2, dtype="fp16", iters=2, warmup=0, emulate=True, config=TINY_OVERRIDES,

@@ -82,7 +82,7 @@ def test_trace_hands_its_plain_step_times_and_hardware_to_the_analysis(tmp_path,
 
     from click.testing import CliRunner
 
-    from taxes import trace as T
+    from taxes.run import trace as T
     from taxes.cli.main import cli
 
     real = Path(__file__).parent / "data" / "traces" / "real"
@@ -105,7 +105,7 @@ def test_trace_hands_its_plain_step_times_and_hardware_to_the_analysis(tmp_path,
 
 
 def _timing_recording(spins_us, kernel_us=50.0, launches=4):
-    """What a timing-mode recording holds (taxes.cupti.Recorder's frames and the step boundaries) for steps
+    """What a timing-mode recording holds (taxes.run.cupti.Recorder's frames and the step boundaries) for steps
     in which the host is elsewhere for spins_us[i] after the step begins, then launches `launches` kernels
     back to back (1 us calls; the first starts 4 us after its call, the rest queue behind it); the next
     step begins when the last kernel ends."""
@@ -130,13 +130,13 @@ def _timing_recording(spins_us, kernel_us=50.0, launches=4):
 
 @pytest.mark.parametrize("host_calls", ["recorded", "from queued times"])
 def test_a_timing_recording_is_a_trace_analyze_reads_and_the_planted_host_time_is_host_bound(tmp_path, host_calls):
-    """taxes.cupti_trace writes a timing-mode recording as a Kineto trace: its steps are the stamped
+    """taxes.run.cupti_kineto writes a timing-mode recording as a Kineto trace: its steps are the stamped
     boundaries, and the host time planted before each step's first launch comes back as host-bound, whether
     the launch calls were recorded or stand in from the kernels' queued and submitted times."""
     import gzip
 
-    from taxes import analyze as A
-    from taxes.cupti_trace import to_kineto
+    from taxes.attribution import analyze as A
+    from taxes.run.cupti_kineto import to_kineto
 
     spins = [300.0, 120.0, 500.0, 80.0, 200.0, 150.0]
     acts, calls, bounds = _timing_recording(spins)
@@ -180,8 +180,8 @@ def test_a_graph_replay_keeps_its_recorded_launch_not_its_kernels_latency_timest
 
     import pandas as pd
 
-    from taxes import analyze as A
-    from taxes.cupti_trace import to_kineto
+    from taxes.attribution import analyze as A
+    from taxes.run.cupti_kineto import to_kineto
 
     rng = np.random.default_rng(7)
     spins = rng.uniform(100.0, 400.0, size=6)
@@ -231,7 +231,7 @@ def test_a_graph_replay_keeps_its_recorded_launch_not_its_kernels_latency_timest
 
 
 def test_timing_mode_without_cupti_is_one_line(tmp_path):
-    from taxes.cupti import available
+    from taxes.run.cupti import available
 
     if available() is None:
         pytest.skip("cupti-python records here")
@@ -242,7 +242,7 @@ def test_timing_mode_without_cupti_is_one_line(tmp_path):
 
 
 def test_the_timing_schedule_alternates_plain_and_profiled_blocks_abba():
-    from taxes.trace_hook import schedule
+    from taxes.run.trace_hook import schedule
 
     P, R = "plain", "profiled"
     assert schedule(6, 6, 4) == [P] * 4 + [R] * 4 + [R] * 2 + [P] * 2
@@ -254,7 +254,7 @@ def test_the_timing_schedule_alternates_plain_and_profiled_blocks_abba():
 def test_the_hook_times_plain_blocks_and_pauses_the_recorder_between_profiled_ones(tmp_path, monkeypatch):
     """Driven step by step (the host clock stands in for CUDA events): which program steps were timed plain,
     which profiled, and that the recorder pauses before every plain block and resumes after it."""
-    from taxes import trace_hook as H
+    from taxes.run import trace_hook as H
 
     calls: list = []
 
@@ -305,8 +305,8 @@ def test_launches_without_recorded_calls_are_placed_and_the_idle_before_them_is_
 
     import pandas as pd
 
-    from taxes import analyze as A
-    from taxes.cupti_trace import to_kineto
+    from taxes.attribution import analyze as A
+    from taxes.run.cupti_kineto import to_kineto
 
     rng = np.random.default_rng(11)
     spins = rng.uniform(80.0, 300.0, size=6)

@@ -1,6 +1,6 @@
 """A recorder's quirks are repaired, never refused: exact copies dropped, the first of conflicting records kept,
 graph replays whose launch was not recorded attached as replays, and one warning line per rank saying what
-was dropped and how much device time it held (taxes/trace_checks.py). Generated traces plant each quirk,
+was dropped and how much device time it held (taxes/traces/checks.py). Generated traces plant each quirk,
 so the repaired analysis must equal the clean trace's.
 """
 
@@ -15,7 +15,7 @@ from _util import assert_one_line
 from kineto_build import MM, add_launch, add_op, write_trace
 from test_analyze import tp_rank_trace
 
-from taxes import analyze as A
+from taxes.attribution import analyze as A
 from taxes.errors import TaxesError
 
 QUIRK = "the recorder's duplicate or dangling records"

@@ -13,7 +13,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 
-from taxes.cases import TOLERANCE
+from taxes.run.cases import TOLERANCE
 from taxes.kernels import gemm_rs as rs
 
 # the script by its name, so that the emulated ranks (spawned processes) import its rank job too

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from _util import assert_one_line, run_cli
 
-from taxes import validation
+from taxes.model.predict import validation
 from taxes.errors import TaxesError
-from taxes.hardware import BUILTIN, get_profile
-from taxes.model import predict
-from taxes.results import load
+from taxes.model.hardware import BUILTIN, get_profile
+from taxes.model.predict import predict
+from taxes.documents.results import load
 from taxes.workloads import make_workload
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -145,7 +145,7 @@ def test_unknown_workload_lists_choices():
 
 @pytest.mark.parametrize("which", ["make_workload", "parse_sweep"])
 def test_unknown_dimension_message_is_one_line_even_for_odd_names(which):
-    from taxes.model import parse_sweep
+    from taxes.model.predict import parse_sweep
 
     with pytest.raises(TaxesError) as e:
         if which == "make_workload":

@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from taxes.attribute import ROWS as COMPONENTS  # noqa: E402
+from taxes.attribution.attribute import ROWS as COMPONENTS  # noqa: E402
 from taxes.sanitize import printable  # noqa: E402
 
 COMPONENT_TITLES = {

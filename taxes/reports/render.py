@@ -24,7 +24,7 @@ import base64
 import json
 import math
 
-from taxes.attribute import TAXES
+from taxes.attribution.attribute import TAXES
 from taxes.reports.plots import (
     COMPONENT_TITLES,
     COMPONENTS,
@@ -35,14 +35,14 @@ from taxes.reports.plots import (
     stacked_bars,
     timeline,
 )
-from taxes.results import rows_state
+from taxes.documents.results import rows_state
 from taxes.sanitize import markdown as md_escape
 from taxes.sanitize import printable
 from taxes.variants import lookup
 
 LABEL_MARK = {"measured": "m", "derived": "d", "predicted": "p"}
 STATISTIC = "interquartile mean"
-PERTURBED_SHARE = 0.03  # as taxes.document.PERTURBED: measuring cost above this share of plain E2E
+PERTURBED_SHARE = 0.03  # as taxes.documents.profile_document.PERTURBED: measuring cost above this share of plain E2E
 E2E_ROW = "E2E: interquartile mean [p10-p90]"
 E2E_ROW_MODEL = "E2E: predicted"
 LEGEND = ("labels: m measured, d derived, p predicted; times in us per iteration; E2E is the interquartile mean "
@@ -208,10 +208,10 @@ def _costs_text(v: dict | None, most: int = 3) -> str:
 
 
 def checks_by_case(doc: dict):
-    """{(workload, shape text): frame of its checks} for measured documents (taxes/checks.py)."""
+    """{(workload, shape text): frame of its checks} for measured documents (taxes/documents/checks.py)."""
     if doc["metadata"].get("kind") != "profile":
         return {}
-    from taxes.checks import checks_frame
+    from taxes.documents.checks import checks_frame
 
     frame = checks_frame(doc)
     return {key: grp for key, grp in frame.groupby(["workload", "shape"], sort=False)} if not frame.empty else {}
@@ -398,8 +398,8 @@ def pct(x) -> str:
 
 
 def checks_summary_rows(frame, title: str = "check") -> tuple[list[str], list[list[str]]]:
-    """One row per check of a taxes.checks frame: its limit, how many rows hold, the worst error."""
-    from taxes.checks import checks_summary
+    """One row per check of a taxes.documents.checks frame: its limit, how many rows hold, the worst error."""
+    from taxes.documents.checks import checks_summary
 
     rows = [[r.check, f"{100 * r.limit:.1f}%", f"{r.ok} of {r.of}" + ("" if r.ok == r.of else " FAIL"),
              pct(r.worst_error)] for r in checks_summary(frame).itertuples()]
@@ -407,10 +407,10 @@ def checks_summary_rows(frame, title: str = "check") -> tuple[list[str], list[li
 
 
 def checks_rows(doc: dict) -> tuple[list[str], list[list[str]]] | None:
-    """The method's checks (taxes/checks.py) over the whole document: one row per check."""
+    """The method's checks (taxes/documents/checks.py) over the whole document: one row per check."""
     if doc["metadata"].get("kind") != "profile":
         return None
-    from taxes.checks import checks_frame
+    from taxes.documents.checks import checks_frame
 
     frame = checks_frame(doc)
     if frame.empty:
@@ -661,9 +661,9 @@ def summary(doc: dict) -> dict:
 
 
 def render_json(doc: dict) -> str:
-    """The document itself (valid against taxes/schema/result-v1.json, so it loads back) with its report
+    """The document itself (valid against taxes/documents/schema/result-v1.json, so it loads back) with its report
     under "report"."""
-    from taxes.results import dumps
+    from taxes.documents.results import dumps
 
     out = {k: v for k, v in doc.items() if k != "report"} | {"report": summary(doc)}
     return dumps(out)

@@ -1,0 +1,1 @@
+"""The one attribution: rows per rank and window, locality, what-if, stragglers, and the analysis of any program's traces."""

@@ -1,0 +1,609 @@
+"""`taxes analyze`: the taxes of any PyTorch program, per rank and per step, read off torch.profiler traces.
+
+Each rank's Kineto trace becomes one taxes.traces.timeline.Timeline (taxes.traces.kineto, its recorder's quirks repaired
+by taxes.traces.checks); its steps and windows come from taxes.traces.steps, its collective instance keys from
+taxes.traces.collectives, its intermediates from taxes.attribution.locality; then the one attribution (taxes.attribution.attribute)
+splits every (rank, step) window into rows that add up to it. What only traces need is added here: the
+trace's own facts (GPU -> hardware profile, versions, world size), warm-up and outlier steps, the host
+frames where the host was elsewhere, collective instances and stragglers (taxes.attribution.stragglers), what-if
+projections (taxes.attribution.whatif), plain step times and the measurement cost, and the rows a trace cannot
+support, said to be not measured. docs/analyze.md states every rule.
+
+Per rank, in three passes that run where the rank's record lives (taxes.attribution.ranks: worker processes of this
+machine, or a Dask cluster's workers): `analyze_rank` reads the trace into the rank's record,
+`rank_tables` gives the small tables every rank's must be seen together for (collectives, locality,
+spans), and once the collectives are matched `attribute_part` attributes the rank's windows and says
+where it was late. Only those tables come back to the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+from taxes.attribution import attribute as att
+from taxes.attribution import stragglers as late
+from taxes.traces.classify import rules
+from taxes.traces.collectives import check_one_job, instance_keys, instances
+from taxes.errors import TaxesError
+from taxes.traces.kineto import load_trace, name_rank, to_timeline
+from taxes.attribution.locality import rank_pairs
+from taxes.attribution.ranks import runner
+from taxes.traces.steps import assign_steps, flag_steps, host_steps, iteration_windows, repeating_iterations, step_windows
+from taxes.traces.timeline import merge
+from taxes.traces.checks import repair_events
+from taxes.traces.stream import check_regular, one_line
+from taxes.attribution.whatif import project
+
+TRACE_WORKLOAD = "trace"  # the workload name of an analysed trace in the result document
+STATISTIC = "interquartile mean"
+RULES = "one-timeline rules 2 (taxes.attribution.attribute), trace rules 2 (taxes.attribution.analyze)"
+PERTURBED = 0.03
+UNTRUSTED = 0.05  # a record that cost more than this share of the plain step: its waits describe the record
+TOP_FRAMES = 3
+MAX_SIDE_FILE_BYTES = 64 << 20  # --plain files
+# Rows a trace cannot give without more evidence: what to record (or give) to get them.
+NO_FLOOR = ("no floor is known for an arbitrary program's kernels (taxes profile measures it for its own "
+            "workloads)")
+NOT_MEASURED_WHY = {
+    "ideal": NO_FLOOR,
+    "inefficiency": NO_FLOOR,
+}
+LOCALITY_EVIDENCE = ("record an execution trace (torch.profiler.ExecutionTraceObserver, saved as NAME.et.json beside "
+                     "NAME.json, or --et) or record shapes (record_shapes=True)")
+LOCALITY_PRICE = "pass --hardware NAME (taxes hardware list): the GPU has no built-in profile to price bytes with"
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What `analyze` found; every frame has a rank column, times in us on the common clock."""
+
+    ranks: dict  # rank -> trace path
+    world_size: int
+    hardware: str | None  # the profile that priced locality and graph gaps (None: unknown GPU, none given)
+    hardware_source: str  # how it was chosen
+    info: dict  # rank -> the trace's own metadata
+    devices: dict  # rank -> GPU name
+    timelines: dict  # rank -> Timeline (empty when the ranks were analysed on a cluster, unless asked for)
+    decomposition: pd.DataFrame  # per (rank, step): span_us, comm_us, the attribution rows, flags, host frames
+    gaps: pd.DataFrame  # every idle gap piece (taxes.attribution.attribute.GAP_COLUMNS)
+    collectives: pd.DataFrame  # per (instance, rank): key, arrival, wait, matched, name, step, source
+    instances: pd.DataFrame  # per instance: skew, slowest rank, matched
+    stragglers: pd.DataFrame  # per rank (taxes.attribution.stragglers.COLUMNS)
+    locality: pd.DataFrame  # producer -> consumer pairs
+    host_frames: pd.DataFrame  # per (rank, step): the top host frames where the host was elsewhere
+    flags: dict  # step -> "warm-up" | "outlier"
+    kept_steps: list  # steps every rank has, not flagged
+    summary: dict  # taxes.attribution.attribute.summarize over the kept steps
+    what_if: pd.DataFrame  # rank, step, change, projected_us, removed_us (predicted)
+    windows_how: dict  # rank -> how its windows were found
+    plain: dict = field(default_factory=dict)  # plain_e2e_us, attributed_e2e_us, measurement_cost_us
+    warnings: tuple = ()
+    not_measured: dict = field(default_factory=dict)  # row -> why, and what to record to get it
+    comm_by_rule: pd.DataFrame = field(default_factory=pd.DataFrame)  # rank, rule, activities, us
+    phases: list = field(default_factory=list)  # the device activities of the step closest to the statistic
+
+
+# ---- one rank: where its trace is read ------------------------------------------------------------------
+
+
+def analyze_rank(path: str, patterns: tuple = (), et_path: str | None = None, single: bool = True,
+                 special: bool = False) -> dict:
+    """Everything one rank's trace alone tells: its timeline with steps, windows and collective keys, its
+    intermediates and the evidence they rest on, and its host events as flat segments (for the host
+    frames and the straggler's whereabouts, once the gaps and the late instances are known)."""
+    ev = load_trace(path, special)
+    ev, unlaunched_graphs, repaired = repair_events(ev, path)
+    info = ev.attrs["trace"]
+    rank = info["rank"]
+    if rank is None:
+        if not single:
+            raise one_line(f"{path}: cannot tell its rank (no distributedInfo.rank, no rankN in the file name)")
+        rank = 0
+    tl = to_timeline(ev, rank, rules(patterns), unlaunched_graphs)
+    if tl.activities.empty:
+        raise one_line(f"{path}: no GPU kernels in the trace (record it with ProfilerActivity.CUDA)")
+    acts, extra = tl.activities, tl.extra
+    launch_us = extra["launch_us"].values.astype(float)
+    steps = host_steps(tl.host)
+    warnings = [f"rank {rank}: {repaired}"] if repaired else []
+    if len(steps):
+        step_of = assign_steps(launch_us, steps)
+        windows = step_windows(step_of, acts["end_us"].values, steps)
+        how = "ProfilerStep#N marks"
+    else:
+        step_of, period = repeating_iterations(acts["name"].values, launch_us, acts["correlation"].values)
+        if period:
+            windows = iteration_windows(step_of, launch_us, acts["end_us"].values)
+            steps = windows[["step", "host_start_us", "host_end_us"]]
+            how = f"no step marks: repeating iterations of {period} launches"
+        else:
+            step_of = np.zeros(len(acts), dtype=np.int64)
+            lo, hi = float(acts["start_us"].min()), float(acts["end_us"].max())
+            windows = pd.DataFrame({"step": [0], "host_start_us": [lo], "host_end_us": [hi], "start_us": [lo], "end_us": [hi]})
+            how = ("no step marks and no repeating kernel sequence: the window is the whole trace, from the first "
+                   "GPU activity's start to the last one's end")
+        warnings.append(f"rank {rank}: {how}")
+    if info.get("inferred_launches"):
+        warnings.append(f"rank {rank}: {info['inferred_launches']} launches placed, not recorded (a timing record "
+                        "keeps no host calls: copies, memsets and graph replays carry no launch times); the idle "
+                        "before each is measured, its split between launch and host_bound estimated")
+    unlaunched = np.isnan(launch_us) & (step_of < 0)
+    if unlaunched.any() and len(steps):
+        warnings.append(f"rank {rank}: {int(unlaunched.sum())} GPU activities have no launch call in the trace "
+                        "(launched before profiling started, or from a thread it missed): charged to no step")
+    acts["step"] = step_of
+    tl.windows = windows[["step", "start_us", "end_us"]].assign(e2e_us=np.nan)
+    keys, sources = instance_keys(ev, acts, extra, steps, step_of)
+    acts["collective"] = keys
+    tl.key_source = sources
+    pairs = rank_pairs(ev, tl.host, steps, et_path).assign(rank=rank)
+    evidence = "tensor ids" if et_path else ("shapes" if ev["input_dims"].notna().any() else None)
+    dev = extra["device"].dropna()
+    idx = int(dev.mode().iloc[0]) if not dev.empty else 0
+    names = info["devices"]
+    device = names[idx] if 0 <= idx < len(names) else (names[0] if len(set(names)) == 1 and names else None)
+    return {"rank": rank, "path": str(path), "info": info, "timeline": tl, "pairs": pairs, "segments": late.host_segments(ev),
+            "how": how, "device": device, "warnings": warnings, "locality_evidence": evidence}
+
+
+def rank_tables(res: dict) -> dict:
+    """What every rank's record must be seen together for: its facts, its keyed collectives (activity ->
+    key, start, end, name, step, source), its activity span, communication by rule, its intermediates."""
+    tl = res["timeline"]
+    a = tl.activities
+    keyed = (a["comm"] != "") & (a["collective"] != "")
+    comm = a.loc[keyed, ["name", "start_us", "end_us", "comm", "collective", "step"]].assign(
+        source=np.asarray(tl.key_source, dtype=object)[keyed.values])
+    c = a[a["comm"] != ""]
+    by_rule = c.assign(dur=c["end_us"] - c["start_us"]).groupby("comm")["dur"].agg(["sum", "count"]).reset_index()
+    return {**{k: res[k] for k in ("rank", "path", "info", "device", "how", "warnings", "pairs", "locality_evidence")},
+            "comm": comm, "span": (float(a["start_us"].min()), float(a["end_us"].max())),
+            "unkeyed": int(((a["comm"] != "") & (a["collective"] == "")).sum()),
+            "comm_by_rule": pd.DataFrame({"rank": res["rank"], "rule": by_rule["comm"].values,
+                                          "activities": by_rule["count"].values.astype(int), "us": by_rule["sum"].values})}
+
+
+def shift_rank(res: dict, offset_us: float) -> None:
+    """Put the rank's record on the common clock (its timeline and host segments), once."""
+    if res.get("offset_us") is not None:
+        return
+    res["offset_us"] = offset_us
+    _shift(res["timeline"], offset_us)
+    if offset_us:
+        for tid, seg in res["segments"].items():
+            if tid != "names":
+                res["segments"][tid] = (seg[0] + offset_us, seg[1])
+
+
+def attribute_part(res: dict, waits: pd.Series, locality_bytes: dict, us_per_byte: float | None,
+                   late_windows: pd.DataFrame) -> dict:
+    """The rank's windows attributed (its collectives' waits given), the host frames of its host-bound gaps,
+    and where it spent the intervals it kept the others waiting (taxes.attribution.stragglers.where_late)."""
+    tl = res["timeline"]
+    rows, gaps, notes = att.attribute_rank(tl, waits, locality_bytes=locality_bytes, us_per_byte=us_per_byte)
+    return {"rows": rows, "gaps": gaps, "notes": notes, "frames": host_frames(res["segments"], gaps).assign(rank=res["rank"]),
+            "where": late.where_late(tl.activities, tl.extra, res["segments"], late_windows)}
+
+
+def step_activities(res: dict, step, limit: int = 400) -> list[dict]:
+    """The device activities of one step on this rank, from its window's start (the document's phases)."""
+    tl = res["timeline"]
+    w = tl.windows[tl.windows["step"] == step]
+    if w.empty:
+        return []
+    lo, hi = float(w["start_us"].iloc[0]), float(w["end_us"].iloc[0])
+    a = tl.activities
+    a = a[(a["step"] == step) & (a["end_us"] > lo) & (a["start_us"] < hi)].head(limit)
+    return [{"rank": int(res["rank"]), "name": _short_kernel(x.name), "role": "communication" if x.comm else "compute",
+             "start_us": float(max(x.start_us, lo) - lo), "end_us": float(min(x.end_us, hi) - lo), "label": "measured",
+             "parts": {}} for x in a.itertuples(index=False)]
+
+
+def timeline_of(res: dict):
+    return res["timeline"]
+
+
+def host_frames(segments: dict, gaps: pd.DataFrame, top: int = TOP_FRAMES) -> pd.DataFrame:
+    """Per step: the host events (cpu ops, annotations, Python frames) whose own time (the innermost event
+    at each instant) filled the intervals where the host was elsewhere before a host-bound gap, largest
+    first; "(no host event recorded)" for the time no event covers."""
+    cols = ["step", "frame", "us"]
+    hb = gaps[(gaps["cause"] == "host") & gaps["host_start_us"].notna()] if not gaps.empty else gaps
+    if hb.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for (tid, step), g in hb.groupby(["tid", "step"], sort=False):
+        ga, gb = merge(g["host_start_us"].values.astype(float), g["host_end_us"].values.astype(float))
+        for name, us in late.frames_in(segments.get(tid), segments.get("names"), ga, gb).items():
+            rows.append((step, name, us))
+    out = pd.DataFrame(rows, columns=cols)
+    out = out[out["us"] > 1e-6].groupby(["step", "frame"], as_index=False)["us"].sum()
+    return out.sort_values(["step", "us"], ascending=[True, False]).groupby("step").head(top).reset_index(drop=True)
+
+
+# ---- all ranks ----------------------------------------------------------------------------------------
+
+
+def _execution_traces(paths: list[str], given) -> dict:
+    """{trace path: execution trace path}: given as {trace path: et} (each must be a readable file), or
+    found beside the trace as NAME.et.json[.gz] for NAME.json[.gz]."""
+    out = {}
+    for p in paths:
+        stem = str(p)
+        for suffix in (".json.gz", ".json"):
+            if stem.endswith(suffix):
+                stem = stem[: -len(suffix)]
+                break
+        for cand in (stem + ".et.json", stem + ".et.json.gz"):
+            if os.path.isfile(cand):
+                out[str(p)] = cand
+    for k, v in (given or {}).items():
+        if k not in paths:
+            raise one_line(f"execution trace {v}: no trace {k} to go with it")
+        check_regular(v, "execution trace")
+        out[k] = str(v)
+    return out
+
+
+def analyze(paths, hardware: str | None = None, plain_steps: dict | None = None, comm_patterns=(),
+            execution_traces: dict | None = None, jobs: int | None = None, scheduler: str | None = None,
+            special_files: bool = False, keep_timelines: bool | None = None) -> Analysis:
+    """Load one trace per rank and attribute every step of every rank (module docstring).
+
+    hardware: a profile name or path (None: from the traces' GPU name); plain_steps: {rank: [us per step]}
+    measured without the profiler; comm_patterns: extra regular expressions for communication kernels;
+    execution_traces: {trace path: execution trace path} (also found as NAME.et.json beside
+    NAME.json); jobs: worker processes (default: one per core, at most one per trace); scheduler: a Dask
+    scheduler's address: the ranks are read and attributed on its workers instead; special_files: read
+    FIFOs and devices as traces; keep_timelines: bring every rank's timeline back (default: with the local
+    pool, where they are at hand; on a cluster only when asked, e.g. for a Perfetto trace)."""
+    from taxes.model.hardware import get_profile, profile_for_gpu
+
+    paths = [str(p) for p in paths]
+    if not paths:
+        raise TaxesError("no trace files given")
+    if len(set(paths)) < len(paths):
+        dup = next(p for p in paths if paths.count(p) > 1)
+        raise one_line(f"{dup}: given twice")
+    for p in paths:
+        name_rank(p)  # a rank number beyond the schema's bound in a file name: refused before any reading
+    ets = _execution_traces(paths, {str(k): v for k, v in (execution_traces or {}).items()})
+    rules(comm_patterns)  # a bad or dangerous pattern fails before any parsing
+    if hardware is not None:
+        hw = get_profile(hardware)  # a bad name fails before any parsing
+    single = len(paths) == 1
+    with runner(scheduler, jobs, len(paths)) as run:
+        handles = run.start(analyze_rank, [(p, tuple(comm_patterns), ets.get(p), single, special_files) for p in paths])
+        tables = run.each(rank_tables, handles)
+        by_rank: dict = {}
+        order: dict = {}
+        for i, t in enumerate(tables):
+            r = t["rank"]
+            if r in by_rank:
+                raise one_line(f"{t['path']}: rank {r} again (also {by_rank[r]['path']})")
+            by_rank[r] = t
+            order[r] = i
+        by_rank = dict(sorted(by_rank.items()))
+        ranks = list(by_rank)
+        handles = [handles[order[r]] for r in ranks]
+        warnings = [w for t in by_rank.values() for w in t["warnings"]]
+        infos = {r: t["info"] for r, t in by_rank.items()}
+        devices = {r: t["device"] for r, t in by_rank.items()}
+        # the traces' own facts
+        if hardware is not None:
+            source = "given (--hardware)"
+        else:
+            names = {d for d in devices.values() if d}
+            name = next(iter(names), None)
+            chosen = profile_for_gpu(name) if name else None
+            if chosen:
+                hw = get_profile(chosen)
+                source = f"from the traces' GPU name ({name}): built-in {hw.source} profile"
+            else:
+                hw = None
+                source = f"unknown GPU ({name or 'none recorded'})"
+                warnings.append(f"unknown GPU {name or '(none recorded)'!r}: locality is not priced and the graphs "
+                                "what-if uses the trace's own graph gaps; pass --hardware NAME (taxes hardware list)")
+        offsets = _clock_offsets(infos)
+        spans = {r: None if offsets[r] is None else (t["span"][0] + offsets[r], t["span"][1] + offsets[r])
+                 for r, t in by_rank.items()}
+        warnings += check_one_job(infos, devices, spans)
+        run.each(shift_rank, handles, [(offsets[r] or 0.0,) for r in ranks])
+        world = max([i.get("world_size") or 0 for i in infos.values()] + [max(by_rank) + 1])  # both bounded by the reader
+        missing = first_missing(ranks, world)
+        if missing:
+            have = ", ".join(map(str, ranks[:20])) + ("..." if len(ranks) > 20 else "")
+            more = world - len(ranks) - len(missing)
+            warnings.append(f"traces of rank(s) {', '.join(map(str, missing))}{f'... ({more} more)' if more else ''} "
+                            f"of world {world} are missing: "
+                            + (f"sync wait and skew compare only ranks {have}" if len(ranks) > 1 else
+                               f"sync wait needs two ranks and reads 0 (only rank {have} given)"))
+        comm = {r: t["comm"].assign(start_us=t["comm"]["start_us"] + (offsets[r] or 0.0),
+                                    end_us=t["comm"]["end_us"] + (offsets[r] or 0.0)) for r, t in by_rank.items()}
+        matched = att.match_collectives([SimpleNamespace(rank=r, activities=c) for r, c in comm.items()])
+        coll, inst = instances(matched, comm)
+        late_at = late.late_windows(coll, inst)
+        pairs = pd.concat([t["pairs"] for t in by_rank.values()], ignore_index=True)
+        not_measured = dict(NOT_MEASURED_WHY)
+        unpriced = [r for r, t in by_rank.items() if t["locality_evidence"] is None or hw is None]
+        if unpriced:
+            lacking = [r for r in unpriced if by_rank[r]["locality_evidence"] is None]
+            not_measured["locality"] = (f"no tensor identity or shapes in the trace of rank(s) {_ranks_text(lacking)}: "
+                                        f"{LOCALITY_EVIDENCE}" if lacking else LOCALITY_PRICE)
+        loc_bytes = {(int(r), int(s)): float(b) for (r, s), b in pairs.groupby(["rank", "step"])["moved_bytes"].sum().items()} \
+            if not pairs.empty else {}
+        if not pairs.empty and pairs["source"].str.contains("heuristic").any():
+            warnings.append("locality from recorded shapes (heuristic): record an execution trace for tensor identity")
+        us_per_byte = 1.0 / hw.hbm_bytes_per_us() if hw is not None else None
+        waits = {r: coll[coll["rank"] == r].set_index("activity")["wait_us"] if not coll.empty else pd.Series(dtype=float)
+                 for r in ranks}
+        parts = run.each(attribute_part, handles,
+                         [(waits[r], {k: v for k, v in loc_bytes.items() if k[0] == r}, us_per_byte,
+                           late_at[late_at["rank"] == r]) for r in ranks], heavy=True)
+        rows = pd.concat([p["rows"] for p in parts], ignore_index=True)
+        gaps = pd.concat([p["gaps"] for p in parts], ignore_index=True)
+        frames = pd.concat([p["frames"] for p in parts], ignore_index=True)
+        where = {r: p["where"] for r, p in zip(ranks, parts)}
+        if unpriced:
+            rows.loc[rows["rank"].isin(unpriced), "locality"] = np.nan
+        for k in NOT_MEASURED_WHY:
+            rows[k] = np.nan
+        common = sorted(set.intersection(*[set(rows.loc[rows["rank"] == r, "step"]) for r in ranks])) if len(rows) else []
+        e2e = rows[rows["step"].isin(common)].groupby("step")["span_us"].max()
+        flags = flag_steps(e2e)
+        for s, f in sorted(flags.items()):
+            warnings.append(f"step {s} is a {f} step ({e2e[s]:,.1f} us, over 3x the median): left out of the statistics")
+        kept = [s for s in common if s not in flags]
+        rows = _with_extras(rows, flags, frames)
+        summary = att.summarize(rows, kept) if kept else {"e2e_us": None, "rows": {}, "per_rank": {}, "kept": [], "n": 0}
+        if not inst.empty and (~inst["matched"]).any():
+            n = int((~inst["matched"]).sum())
+            warnings.append(f"{n} collective instance(s) could not be matched across ranks (missing on a rank, or not "
+                            "overlapping in time): listed, and given no sync wait")
+        unkeyed = sum(t["unkeyed"] for t in by_rank.values())
+        if unkeyed:
+            warnings.append(f"{unkeyed} communication activities carry no collective identity (no process group and "
+                            "sequence number, no launching collective op): their time is exposed transfer, never sync wait")
+        plain = _plain(plain_steps, summary)
+        step = _phase_step(rows, kept, summary)
+        phases = [x for lst in run.each(step_activities, handles, [(step,)] * len(ranks)) for x in lst] \
+            if step is not None else []
+        keep = (scheduler is None) if keep_timelines is None else keep_timelines
+        timelines = dict(zip(ranks, run.each(timeline_of, handles))) if keep else {}
+    what_if = project(rows, gaps, _graph_gap_us(hw, gaps))
+    what_if = what_if[what_if["projected_us"].notna()].reset_index(drop=True)  # fusion without a locality row
+    return Analysis(
+        ranks={r: t["path"] for r, t in by_rank.items()}, world_size=world, hardware=hw.name if hw else None,
+        hardware_source=source, info=infos, devices=devices, timelines=timelines, decomposition=rows, gaps=gaps,
+        collectives=coll, instances=inst, stragglers=late.summary(coll, inst, where, float(e2e.sum())), locality=pairs, host_frames=frames,
+        flags=flags, kept_steps=kept, summary=summary, what_if=what_if,
+        windows_how={r: t["how"] for r, t in by_rank.items()}, plain=plain, warnings=tuple(warnings),
+        not_measured=not_measured, phases=phases,
+        comm_by_rule=pd.concat([t["comm_by_rule"] for t in by_rank.values()], ignore_index=True))
+
+
+def _ranks_text(ranks: list, n: int = 20) -> str:
+    return ", ".join(map(str, ranks[:n])) + ("..." if len(ranks) > n else "")
+
+
+def first_missing(present: list[int], world: int, limit: int = 20) -> list[int]:
+    """The first `limit` ranks below `world` not in `present` (sorted), walking the gaps between the ranks
+    given: the work follows the ranks given and the limit, never the world size a trace claims."""
+    out, expect = [], 0
+    for r in present + [world]:
+        while expect < min(r, world) and len(out) < limit:
+            out.append(expect)
+            expect += 1
+        if len(out) >= limit:
+            break
+        expect = r + 1
+    return out
+
+
+def _clock_offsets(infos: dict) -> dict:
+    """us to add to each rank's timestamps to put every rank on one clock (exact integer arithmetic on
+    baseTimeNanoseconds and the origin of absolute timestamps); None for a trace with neither."""
+    absolute = {r: i["base_ns"] + i["origin_us"] * 1000 for r, i in infos.items()}
+    known = {r: ns for r, ns in absolute.items() if ns}
+    first = min(known.values()) if known else 0
+    return {r: ((ns - first) / 1000.0 if ns else (0.0 if not known else None)) for r, ns in absolute.items()}
+
+
+def _shift(tl, dt: float) -> None:
+    if not dt:
+        return
+    for f, cols in ((tl.activities, ("start_us", "end_us")), (tl.launches, ("start_us", "end_us")),
+                    (tl.host, ("start_us", "end_us")), (tl.windows, ("start_us", "end_us"))):
+        for c in cols:
+            f[c] = f[c] + dt
+    tl.extra["launch_us"] = tl.extra["launch_us"] + dt
+
+
+def _graph_gap_us(hw, gaps: pd.DataFrame) -> float:
+    """The gap a CUDA graph leaves between its kernels: the hardware profile's, else the median of the
+    trace's own graph gaps, else 0."""
+    if hw is not None:
+        return float(hw.launch_graph_us)
+    g = gaps[gaps["cause"] == "graph"]["dur_us"] if not gaps.empty else pd.Series(dtype=float)
+    return float(g.median()) if len(g) else 0.0
+
+
+def _plain(plain_steps: dict | None, summary: dict) -> dict:
+    """plain_e2e_us (the interquartile mean of the plain steps' E2E, the slowest rank per step),
+    attributed_e2e_us (what the rows add up to) and measurement_cost_us (their difference)."""
+    attributed = summary.get("e2e_us")
+    if not plain_steps:
+        return {"plain_e2e_us": None, "attributed_e2e_us": attributed, "measurement_cost_us": None}
+    series = [list(v) for _, v in sorted(plain_steps.items())]
+    for s in series:
+        if not s or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+                            for x in s):
+            raise TaxesError("plain step times must be positive finite numbers (us), at least one per rank")
+    per_iter = [max(v) for v in zip(*series)]
+    plain = att.iqm(per_iter)
+    cost = attributed - plain if attributed is not None else None
+    return {"plain_e2e_us": plain, "attributed_e2e_us": attributed, "measurement_cost_us": cost,
+            "plain_iterations": len(per_iter)}
+
+
+def read_plain(path, special: bool = False) -> dict:
+    """A --plain file: {"<rank>": [us per step, ...]}, at most MAX_SIDE_FILE_BYTES read; one-line errors."""
+    check_regular(path, "plain step times", special)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SIDE_FILE_BYTES + 1)
+    except OSError as e:
+        raise one_line(f"{path}: cannot read the plain step times ({e.strerror or e})") from None
+    if len(data) > MAX_SIDE_FILE_BYTES:
+        raise one_line(f"{path}: larger than {MAX_SIDE_FILE_BYTES >> 20} MiB; not plain step times")
+    try:
+        data = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise one_line(f"{path}: not JSON of plain step times ({{\"<rank>\": [us, ...]}})") from None
+    if not isinstance(data, dict) or not data:
+        raise one_line(f"{path}: plain step times must be an object {{\"<rank>\": [us, ...]}}")
+    out = {}
+    for k, v in data.items():
+        if not (str(k).isascii() and str(k).isdigit() and len(str(k)) <= 5 and int(k) <= 65535) or not isinstance(v, list):
+            raise one_line(f"{path}: plain step times must map rank numbers (0 to 65535) to lists of us (found "
+                           f"{str(k)[:20]!r})")
+        out[int(k)] = v
+    return out
+
+
+def _with_extras(rows: pd.DataFrame, flags: dict, frames: pd.DataFrame) -> pd.DataFrame:
+    rows = rows.copy()
+    rows["flag"] = rows["step"].map(lambda s: flags.get(s, ""))
+    if not frames.empty:
+        text = frames.groupby(["rank", "step"]).apply(
+            lambda g: "; ".join(f"{f} ({u:,.1f} us)" for f, u in zip(g["frame"], g["us"])), include_groups=False)
+        rows["host_frames"] = [text.get((r, s), "") for r, s in zip(rows["rank"], rows["step"])]
+    else:
+        rows["host_frames"] = ""
+    return rows
+
+
+def timeline_figures(acts: pd.DataFrame, lo: float | None = None, hi: float | None = None) -> dict[str, float]:
+    """Busy, idle, communication and overlap of a set of GPU activities inside [lo, hi] (default: from the
+    first activity's start to the last one's end, HTA's span). All streams together."""
+    from taxes.traces.timeline import measure
+
+    lo = acts["start_us"].min() if lo is None else lo
+    hi = acts["end_us"].max() if hi is None else hi
+    comm = (acts["comm"] != "").values
+    s, e = acts["start_us"].values, acts["end_us"].values
+    all_m, comp_m, comm_m = merge(s, e), merge(s[~comm], e[~comm]), merge(s[comm], e[comm])
+    busy, comp, comm_us = measure(all_m, lo, hi), measure(comp_m, lo, hi), measure(comm_m, lo, hi)
+    exposed = busy - comp
+    return {"span_us": float(hi - lo), "busy_us": busy, "idle_us": float(hi - lo) - busy, "compute_us": comp,
+            "comm_us": comm_us, "exposed_comm_us": exposed, "overlap_us": comm_us - exposed}
+
+
+# ---- the result document ----------------------------------------------------------------------------
+
+
+def analysis_document(an: Analysis) -> dict:
+    """A taxes.result document: one case (workload 'trace') with one variant. samples_us: each rank's span
+    per kept step; components: the attribution rows (taxes.attribution.attribute.ROWS) per rank and overall (rank null:
+    per step the slowest rank's rows), interquartile means over the kept steps, adding up to
+    attributed_e2e_us; plain_e2e_us and measurement_cost_us when plain step times were given. The full
+    frames go under the top-level key trace_analysis (docs/analyze.md: the JSON contract)."""
+    from taxes.documents import results
+
+    ranks = sorted(an.ranks)
+    d = an.decomposition.set_index(["rank", "step"])
+    samples = [[float(d.loc[(r, s), "span_us"]) for s in an.kept_steps] for r in ranks]
+    s = an.summary
+    comps = []  # a row the trace cannot support is left out (not_measured says why), never written as 0
+    for r, vals in sorted(s.get("per_rank", {}).items()):
+        comps += [{"name": k, "rank": int(r), "value_us": float(vals[k]), "label": att.LABELS[k]} for k in att.ROWS
+                  if _measured(vals.get(k))]
+    comps += [{"name": k, "rank": None, "value_us": float(s["rows"][k]), "label": att.LABELS[k]} for k in att.ROWS
+              if _measured(s.get("rows", {}).get(k))]
+    info0 = an.info[ranks[0]]
+    meta = results.collect_metadata("profile", an.world_size, an.hardware or "none", source="trace",
+                                    hardware_source=an.hardware_source, statistic=STATISTIC,
+                                    traces={str(r): an.ranks[r] for r in ranks}, warnings=list(an.warnings))
+    meta.update({"torch_version": info0.get("torch_version"), "triton_version": info0.get("triton_version"),
+                 "cuda_version": info0.get("cuda_version") or info0.get("hip_version"),
+                 "nccl_version": info0.get("nccl_version"), "gpu_names": [an.devices[r] or "unknown" for r in ranks],
+                 "windows": {str(r): an.windows_how[r] for r in ranks},
+                 "trace_record": info0.get("record")})
+    plain = an.plain
+    cost, p = plain.get("measurement_cost_us"), plain.get("plain_e2e_us")
+    variant = {
+        "variant": "trace", "config": {"kept_steps": [int(x) for x in an.kept_steps],
+                                       "flagged_steps": {str(k): v for k, v in an.flags.items()}},
+        "correctness": {"checked": False, "passed": None, "rel_error": None, "tolerance": None, "reference": None},
+        "samples_us": samples, "e2e_us": results.summarize_samples(samples, "measured"),
+        "plain_e2e_us": p, "attributed_e2e_us": plain.get("attributed_e2e_us"), "measurement_cost_us": cost,
+        "perturbed": bool(cost is not None and p and cost > PERTURBED * p),
+        "phases": an.phases, "components": comps, "not_measured": dict(an.not_measured),
+        "attribution": {"available": True, "clock": "torch.profiler", "rules": RULES, "statistic": STATISTIC,
+                        "kept_iterations": len(s.get("kept", [])), "iterations": s.get("n", 0),
+                        "unattributed_share": (s["rows"]["unattributed"] / s["e2e_us"]) if s.get("e2e_us") else None,
+                        "unmatched_collectives": int((~an.instances["matched"]).sum()) if len(an.instances) else 0},
+    }
+    case = {"workload": TRACE_WORKLOAD, "shape": {"steps": max(1, len(an.kept_steps))}, "world": an.world_size,
+            "dtype": "n/a", "variants": [variant]}
+    doc = results.new_document(meta)
+    doc["cases"].append(case)
+    doc["trace_analysis"] = _frames_for_json(an)
+    return doc
+
+
+def _measured(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def untrusted(an: Analysis) -> str | None:
+    """Why the bulk-synchronous rows and the straggler table are not to be trusted, or None: the record
+    cost more than UNTRUSTED of the plain step, so arrivals and waits are the recorded run's."""
+    cost, plain = an.plain.get("measurement_cost_us"), an.plain.get("plain_e2e_us")
+    if cost is None or not plain or cost <= UNTRUSTED * plain:
+        return None
+    return (f"the record cost {cost / plain:+.0%} of the plain step (over {UNTRUSTED:.0%}): arrival order, sync wait "
+            "and exposed transfer describe the recorded run, not the program; not to be trusted")
+
+
+def _phase_step(rows: pd.DataFrame, kept: list, summary: dict):
+    """The kept step whose E2E (slowest rank's span) is closest to the statistic: the document's phases."""
+    if not kept or summary.get("e2e_us") is None:
+        return None
+    ov = rows[rows["step"].isin(kept)].groupby("step")["span_us"].max()
+    return (ov - summary["e2e_us"]).abs().idxmin()
+
+
+def _short_kernel(name: str) -> str:
+    base = name.split("(")[0].split("<")[0]
+    return base if len(base) <= 40 else base[:37] + "..."
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    return json.loads(frame.to_json(orient="records", double_precision=15)) if len(frame) else []
+
+
+def _frames_for_json(an: Analysis) -> dict:
+    keep = ["rank", "step", "start_us", "end_us", "span_us", "comm_us", "busy_us", "exposed_comm_us", *att.ROWS,
+            "locality_bytes", "launch_latency_us", "flag", "host_frames"]
+    d = an.decomposition[[c for c in keep if c in an.decomposition.columns]]
+    gaps = an.gaps.groupby(["rank", "step", "cause"])["dur_us"].agg(["sum", "count"]).reset_index() if len(an.gaps) \
+        else pd.DataFrame(columns=["rank", "step", "cause", "sum", "count"])
+    return {"decomposition": _records(d), "gaps_by_cause": _records(gaps), "what_if": [
+        {"rank": int(x.rank), "step": int(x.step), "change": x.change, "projected_us": float(x.projected_us),
+         "removed_us": float(x.removed_us), "label": "predicted"} for x in an.what_if.itertuples(index=False)],
+        "collectives": _records(an.collectives.drop(columns=["activity"], errors="ignore")),
+        "instances": _records(an.instances), "stragglers": _records(an.stragglers),
+        "communication_by_rule": _records(an.comm_by_rule.rename(columns={"activities": "kernels"})),
+        "locality": _records(an.locality), "not_measured": dict(an.not_measured), "untrusted": untrusted(an),
+        "host_frames": _records(an.host_frames), "flagged_steps": {str(k): v for k, v in an.flags.items()},
+        "kept_steps": [int(x) for x in an.kept_steps], "windows": {str(r): h for r, h in an.windows_how.items()},
+        "hardware_source": an.hardware_source, "warnings": list(an.warnings)}

@@ -1,0 +1,190 @@
+"""The measurement's own checks: does a result document meet them? (docs/method.md)
+
+Functions from a result document to a pandas DataFrame, one row per check and case (and variant), with the
+value, the reference, the signed error, the limit and whether it holds. Nothing here measures: every value
+is read or derived from what the document stores, so the checks of a committed document can be redone on
+any machine.
+
+- closure: the overall rows add up to attributed_e2e_us (the E2E printed above them); limit 0.1%.
+- measurement: measurement cost / plain E2E (interquartile means); limit 3% (over it: perturbed). With
+  several ranks its cause is named: the quickest rank's own change, against the change of the ranks'
+  spread (the harness's barrier under the clock).
+- unattributed: unattributed / attributed E2E, with its sign; limit 5% either way. A miss is a finding
+  about the method, never a reason to move time into a tax; its cause is named where the rows show it
+  (the locality estimate, priced from bytes, is time the kernels already spent).
+- ladder: per bsp variant and its graph twin, launch + host_bound from the timeline (bsp minus graph)
+  against the plain E2E ladder (bsp minus graph); limit 20% of the ladder's. A ladder <= 0 fails.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from taxes.documents.results import rows_state
+
+LIMITS = {"closure": 0.001, "measurement": 0.03, "unattributed": 0.05, "ladder": 0.20}
+COLUMNS = ["check", "workload", "shape", "variant", "where", "value", "reference", "error", "limit", "ok", "cause"]
+
+
+def _shape(case: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in case["shape"].items())
+
+
+def _overall(var: dict) -> dict:
+    return {c["name"]: c["value_us"] for c in var.get("components", []) if c["rank"] is None}
+
+
+def _row(check, case, variant, where, value, reference, error, signed: bool = True) -> dict:
+    limit = LIMITS[check]
+    ok = error is not None and math.isfinite(error) and (abs(error) <= limit if signed else error <= limit)
+    return {"check": check, "workload": case["workload"], "shape": _shape(case), "variant": variant, "where": where,
+            "value": value, "reference": reference, "error": error, "limit": limit, "ok": bool(ok), "cause": ""}
+
+
+def case_checks(case: dict) -> list[dict]:
+    rows = []
+    by_name = {v["variant"]: v for v in case["variants"]}
+    for v in case["variants"]:
+        att = v.get("attribution") or {}
+        e2e = v.get("attributed_e2e_us")
+        if not att.get("available") or not e2e:
+            continue
+        oc = _overall(v)
+        total = math.fsum(oc.values())
+        rows.append(_row("closure", case, v["variant"], "overall rows", total, e2e, total / e2e - 1))
+        plain, cost = v.get("plain_e2e_us"), v.get("measurement_cost_us")
+        if plain and cost is not None:
+            r = _row("measurement", case, v["variant"], f"clock {att.get('clock')}", e2e, plain, cost / plain,
+                     signed=False)
+            r["cause"] = measurement_cause(v) if not r["ok"] else ""
+            rows.append(r)
+        r = _row("unattributed", case, v["variant"], "overall", oc.get("unattributed"), e2e,
+                 oc.get("unattributed", 0.0) / e2e)
+        r["cause"] = unattributed_cause(oc, e2e) if not r["ok"] else ""
+        rows.append(r)
+    for pair in ((case.get("extra") or {}).get("ladder") or {}).get("pairs", []):
+        if "timeline_us" not in pair:
+            continue
+        ladder, timeline = pair["plain_us"], pair["timeline_us"]
+        err = (timeline - ladder) / ladder if ladder > 0 else None
+        r = _row("ladder", case, pair["bsp"], f"{pair['bsp']} - {pair['graph']}: launch + host_bound", timeline, ladder, err)
+        r["cause"] = ladder_cause(pair) if not r["ok"] else ""
+        rows.append(r)
+    return rows
+
+
+def measurement_cause(var: dict) -> str:
+    """Where measuring cost its time, from the per-rank E2E of the plain and the instrumented iterations (the
+    document keeps both): an iteration's E2E is its slowest rank's, and with several ranks the slowest is the
+    one that began first after the barrier, so E2E holds the ranks' spread (slowest minus quickest rank, most
+    of it the barrier's exit skew). The cost splits into what the quickest rank's own E2E moved (the clock's
+    cost on that rank's device and host) and what the spread moved (the harness, under the clock)."""
+    plain = var.get("samples_us") or []
+    ranks = ((var.get("records") or {}).get("ranks")) or []
+    inst = [[it.get("e2e_us") for it in r.get("iterations", []) if not it.get("warmup")] for r in ranks]
+    if not plain or len(inst) != len(plain) or not all(inst) or any(x is None for r in inst for x in r):
+        return ""
+    from taxes.attribution.attribute import iqm
+
+    def stats(per_rank):
+        its = list(zip(*per_rank))
+        return iqm([min(x) for x in its]), iqm([max(x) - min(x) for x in its])
+
+    (q_plain, s_plain), (q_inst, s_inst) = stats(plain), stats(inst)
+    kernels = _kernels_per_iteration(ranks[0])
+    per = ""
+    if kernels:
+        each = (q_inst - q_plain) / kernels
+        why = ("about what CUPTI's timing of each kernel costs" if abs(each) <= 2.0 else
+               "more than CUPTI's timing of each kernel explains")
+        per = (f" ({each:+.1f} us for each of the {kernels} kernels an iteration runs: {why}, about 1 us a "
+               "kernel on an H100)")
+    if len(plain) < 2:
+        return f"the E2E moved {q_inst - q_plain:+.1f} us under the clock{per}"
+    return (f"the quickest rank's E2E moved {q_inst - q_plain:+.1f} us under the clock{per}; the ranks' spread "
+            f"(slowest minus quickest, mostly the barrier's exit skew) went from {s_plain:.1f} to {s_inst:.1f} us")
+
+
+def _kernels_per_iteration(rank: dict) -> int:
+    """Device activities per timed iteration in one rank's stored records (0 when unknown)."""
+    from taxes.traces.records import assemble, raw_from_columns
+
+    try:
+        tl = assemble(0, raw_from_columns(rank))
+    except Exception:  # records of an older form: no count, no figure
+        return 0
+    return round(len(tl.activities) / len(tl.windows)) if len(tl.windows) else 0
+
+
+def unattributed_cause(rows: dict, e2e_us: float) -> str:
+    """Why the rows do not add up to the E2E without an unattributed remainder, where the document shows it:
+    the locality estimate is priced from bytes, never capped, and the intermediate's HBM traffic it prices
+    is time the kernels already spent (inside ideal + inefficiency): counted twice, it leaves unattributed
+    at minus its size."""
+    un, loc = rows.get("unattributed", 0.0), rows.get("locality", 0.0)
+    if un < 0 and loc > 0:
+        rest = un + loc
+        if abs(rest) <= max(0.01 * e2e_us, 0.5):
+            return (f"the locality estimate ({loc:.1f} us, priced from bytes) is kernel time the rows already count: "
+                    f"unattributed is minus it to {rest:+.1f} us")
+        return (f"the locality estimate ({loc:.1f} us) is kernel time the rows already count; {rest:+.1f} us "
+                "beyond it unexplained")
+    return "unexplained"
+
+
+def ladder_cause(pair: dict) -> str:
+    """Why the timeline and the plain ladder disagree, where the document shows it: the instrumented runs'
+    own ladder (the runs the timeline comes from) and the plain runs' spread."""
+    inst = pair.get("instrumented_us")
+    if inst is None or inst <= 0:
+        return "unexplained"
+    agree = (pair["timeline_us"] - inst) / inst
+    spread = max(pair.get("plain_spread_us") or [0.0])
+    if abs(agree) <= LIMITS["ladder"]:
+        return (f"the timeline agrees with the instrumented runs' ladder ({inst:.1f} us, {100 * agree:+.1f}%); the plain "
+                f"ladder differs from it by {pair['plain_us'] - inst:+.1f} us: run-to-run variance (the plain runs' "
+                f"p10-p90 spread is up to {spread:.1f} us) or measurement cost")
+    return f"unexplained: the instrumented runs' ladder is {inst:.1f} us ({100 * agree:+.1f}% from the timeline)"
+
+
+def checks_frame(doc: dict) -> pd.DataFrame:
+    """Every check of every case, one row each (COLUMNS); `ok` is boolean even when there are no rows, so
+    frames of several documents concatenate into one whose `ok` still negates as booleans."""
+    rows = [row for case in doc["cases"] for row in case_checks(case)]
+    return pd.DataFrame(rows, columns=COLUMNS).astype({"ok": bool})
+
+
+def all_checks(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The checks of several documents as one frame (COLUMNS, `ok` boolean)."""
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return checks_frame({"cases": []})
+    return pd.concat(frames, ignore_index=True).astype({"ok": bool})
+
+
+def checks_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per check: how many rows hold, of how many, and the worst error (signed)."""
+    out = []
+    for check, grp in frame.groupby("check", sort=False):
+        errs = grp["error"].dropna()
+        worst = errs.loc[errs.abs().idxmax()] if len(errs) else None
+        out.append({"check": check, "limit": LIMITS[check], "ok": int(grp["ok"].sum()), "of": len(grp),
+                    "worst_error": worst})
+    return pd.DataFrame(out, columns=["check", "limit", "ok", "of", "worst_error"])
+
+
+def provenance_problems(doc: dict) -> list[str]:
+    """What makes a document unfit for --strict: a dirty tree, or measured variants without rows."""
+    meta = doc.get("metadata", {})
+    out = []
+    if meta.get("git_dirty"):
+        out.append("made from a checkout with uncommitted changes")
+    if meta.get("kind") == "profile" and meta.get("source") != "trace":
+        # a peer (someone else's implementation) is timed plain by design: it has no rows to miss
+        missing = [v["variant"] for c in doc["cases"] for v in c["variants"]
+                   if v.get("samples_us") and rows_state(v) not in ("shown", "timed plain")]
+        if missing:
+            out.append(f"{len(missing)} variant(s) without rows ({', '.join(sorted(set(missing))[:4])})")
+    return out

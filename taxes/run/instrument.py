@@ -1,0 +1,218 @@
+"""Instrumented iterations: the plain timing's barrier-aligned iterations with a per-kernel clock on.
+
+Each iteration: the device synchronised and all ranks at a barrier, a host stamp (the step begins), a
+start event, the variant (eager: each of its steps inside a host stamp pair, the launching call; graphed:
+one replay), an end event. The clock (a recorder) records every device activity and launch call; the
+events give the iteration's end-to-end time, exactly as in the plain timing, so the difference between the
+two is what measuring cost (`measurement cost`). taxes.traces.records turns the records into a Timeline: each
+activity belongs to the iteration whose host span holds its launch, and its window is the event-timed
+E2E ending where the iteration's last activity ended.
+
+Recorders: cupti-python (taxes.run.cupti), torch.profiler (taxes.traces.kineto), and on emulated ranks the host
+clock itself (each step's call is its own activity: the logic runs, the times mean nothing).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+
+from taxes.traces.timeline import HostStamps, shared_clock_offset_ns
+
+CLOCKS = ("cupti", "torch.profiler")
+
+
+class HostRecorder(HostStamps):
+    """Emulated ranks: no device clock; every launching call is an activity spanning the call (the logic
+    runs; the times mean nothing)."""
+
+    name = "host"
+
+    def __init__(self):
+        super().__init__()
+        self.t0 = time.perf_counter_ns()
+        self.now_raw = time.perf_counter_ns
+        self.shared_origin_us = (self.t0 + shared_clock_offset_ns(time.perf_counter_ns)) / 1e3
+
+    def to_us(self, raw: int) -> float:
+        return (raw - self.t0) / 1e3
+
+    def start(self) -> "HostRecorder":
+        return self
+
+    def stop(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        host = self.host_frame()
+        calls = host[host["kind"] == "call"].to_dict("records")
+        acts = [{"name": c["name"], "kind": "kernel", "start_us": c["start_us"], "end_us": c["end_us"], "correlation": i,
+                 "graph": -1, "comm": "", "stream": 0} for i, c in enumerate(calls)]
+        launches = [{"name": "call", "kind": "launch", "start_us": c["start_us"], "end_us": c["start_us"],
+                     "correlation": i, "tid": 0} for i, c in enumerate(calls)]
+        return pd.DataFrame(acts), pd.DataFrame(launches), host
+
+
+class ProfilerRecorder:
+    """The clock without cupti-python: torch.profiler (CPU and CUDA activities), read back through
+    to_timeline. Our steps and calls are record_function ranges (taxes:step:N, taxes:call:NAME)."""
+
+    name = "torch.profiler"
+    shared_origin_us: float | None = None
+
+    def start(self) -> "ProfilerRecorder":
+        from torch.profiler import ProfilerActivity, profile
+
+        self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        self._prof.__enter__()
+        return self
+
+    def step(self, i: int):
+        from torch.profiler import record_function
+
+        return record_function(f"taxes:step:{i}")
+
+    def call(self, name: str):
+        from torch.profiler import record_function
+
+        return record_function(f"taxes:call:{name}")
+
+    def stop(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        import tempfile
+        from pathlib import Path
+
+        self._prof.__exit__(None, None, None)
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "trace.json"
+            self._prof.export_chrome_trace(str(path))
+            from taxes.traces.kineto import load_trace, to_timeline
+
+            events = load_trace(path)
+            tl = to_timeline(events, 0)
+        info = events.attrs.get("trace", {})
+        absolute_ns = (info.get("base_ns") or 0) + (info.get("origin_us") or 0) * 1000
+        # the trace's times are us from an absolute origin on the host's wall clock: that origin on the shared clock
+        self.shared_origin_us = ((absolute_ns + shared_clock_offset_ns(time.time_ns)) / 1e3) if absolute_ns else None
+        return tl.activities, tl.launches, tl.host
+
+
+def make_recorder(clock: str, on_gpu: bool, api: str = "warmup"):
+    """A fresh recorder: cupti-python or torch.profiler on a GPU; the host clock on emulated ranks. api (cupti):
+    record launch calls in every iteration ("all"), in the warm-up only ("warmup"), or never ("none": device
+    activities alone, launches placed from another block's warm-up, see taxes.traces.records.assemble)."""
+    if not on_gpu:
+        return HostRecorder()
+    if clock == "cupti":
+        from taxes.run.cupti import Recorder
+
+        return Recorder(api)
+    return ProfilerRecorder()
+
+
+def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, recorder, graph: bool,
+                      fused: bool, trace_of=None, capture_after_start: bool = False, align=None) -> dict:
+    """Run warmup + iters instrumented iterations; returns this rank's raw records: {"activities",
+    "launches", "host", "iterations": [{"step", "e2e_us", "waits": {phase: us}, "warmup"}], "clock"}.
+    trace_of(runner) -> {phase: mean in-kernel wait us} of the last call, for fused kernels' traced builds.
+    align: as in taxes.run.harness.time_iterations (launched before the step begins: its work is no step's)."""
+    import torch
+
+    on_gpu = ctx.device.type == "cuda"
+    graphs: dict = {}
+    iterations = []
+    if on_gpu:
+        start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start_ev.record()
+        end_ev.record()
+        end_ev.synchronize()
+    def capture():  # host steps (a planted spin) launch nothing: they run before each replay instead
+        for k, inputs in enumerate(input_sets):
+            graphs[k] = _capture([s for s in runner.phases(*inputs, traced=fused) if s[1] != "host"])
+
+    if graph and on_gpu and not capture_after_start:  # a capture's launches run nothing: no records of them
+        capture()
+    rec = recorder.start()
+    if graph and on_gpu and capture_after_start:  # instantiated under the clock (cheaper replays, if the clock
+        capture()  # instruments a graph once when it is instantiated)
+    lean = isinstance(rec, HostStamps)  # raw stamps appended inline: no context managers between launches
+    now, stamps = (rec.now_raw, rec.raw) if lean else (None, None)
+    # the warm-up iterations teach the launch sequence (API records), the timed ones pay less without them;
+    # the first iteration after the switch pays for it (4-50 us more than the next on the H100 at flash decode
+    # B=1, S=128K), so with two or more warm-ups the last one already runs as the timed ones will
+    api_off_at = warmup - 1 if warmup >= 2 else warmup
+    try:
+        for i in range(warmup + iters):
+            if i == api_off_at and hasattr(rec, "api_off"):
+                rec.api_off()
+            k = i % len(input_sets)
+            steps = None if (graph and on_gpu) else runner.phases(*input_sets[k], traced=fused)
+            host_first = [f for _, role, f in runner.phases(*input_sets[k], traced=fused) if role == "host"] \
+                if steps is None else []
+            if on_gpu:
+                torch.cuda.synchronize()
+            ctx.barrier()
+            if align is not None:
+                align()
+            if lean:
+                h0 = now()
+                if on_gpu:
+                    start_ev.record()
+                if steps is None:
+                    for thunk in host_first:
+                        thunk()
+                    a = now()
+                    graphs[k].replay()
+                    stamps.append(("call", "graph replay", a, now()))
+                else:
+                    for name, role, thunk in steps:
+                        if role == "host":  # host work that launches nothing (a planted spin)
+                            thunk()
+                            continue
+                        a = now()
+                        thunk()
+                        stamps.append(("call", name, a, now()))
+                if on_gpu:
+                    end_ev.record()
+                stamps.append(("step", f"step {i}", h0, now()))
+            else:
+                with rec.step(i):
+                    if on_gpu:
+                        start_ev.record()
+                    if steps is None:
+                        for thunk in host_first:
+                            thunk()
+                        with rec.call("graph replay"):
+                            graphs[k].replay()
+                    else:
+                        for name, role, thunk in steps:
+                            if role == "host":
+                                thunk()
+                                continue
+                            with rec.call(name):
+                                thunk()
+                    if on_gpu:
+                        end_ev.record()
+            if on_gpu:
+                end_ev.synchronize()
+                e2e = start_ev.elapsed_time(end_ev) * 1e3
+            else:
+                e2e = math.nan  # the host clock's window: set from the step's span in taxes.traces.records.assemble
+            waits = trace_of(runner) if (fused and trace_of) else {}
+            iterations.append({"step": i, "e2e_us": e2e, "waits": waits or {}, "warmup": i < warmup})
+    finally:
+        acts, launches, host = rec.stop()
+    return {"activities": acts, "launches": launches, "host": host, "iterations": iterations, "clock": rec.name,
+            "shared_origin_us": getattr(rec, "shared_origin_us", None)}
+
+
+def _capture(steps: list):
+    """One CUDA graph of the steps (run once eagerly first: a real call on every rank, which also warms up)."""
+    import torch
+
+    for _, _, thunk in steps:
+        thunk()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _, _, thunk in steps:
+            thunk()
+    return g
