@@ -55,7 +55,7 @@ def calibrate(gpus, base_name, name, output, quick, peaks, timeout_s):
         raise TaxesError("calibrate needs CUDA GPUs and this machine has none; `taxes hardware list` shows the "
                          "built-in and saved profiles that `taxes model` can use instead")
     base = _check_options(gpus, output, timeout_s, name, base_name)
-    from taxes.model.predict import calibrate as cal
+    from taxes.model import calibrate as cal
 
     count = cal.cuda_gpu_count()
     if count < 1:

@@ -291,7 +291,7 @@ def cli():
 @click.option("--force", is_flag=True, help=FORCE_HELP)
 def model(workload, hardware_name, world, shape, dtype, variants, fmt, output, plot, sweep, force):
     """Predict E2E and the three taxes of WORKLOAD (ag-gemm, gemm-rs, flash-decode, tp-mlp) for every variant."""
-    from taxes.model.predict import predict as m
+    from taxes.model import predict as m
     from taxes.model.hardware import get_profile
     from taxes.documents.io import STDOUT, check_output
     from taxes.reports import render

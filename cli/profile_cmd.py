@@ -432,7 +432,7 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
         check_output(os.path.join(output, "validation.json"), force, "-o")  # before any work
     if not from_docs and not emulate and surely_no_gpu():
         raise TaxesError(NO_GPU.replace("profile:", "validate:") + "; or --from RESULT.json to validate measured documents")
-    from taxes.model.predict import validation
+    from taxes.model import validation
     from taxes.documents.profile_document import reattribute
     from taxes.model.hardware import get_profile
     from taxes.documents.results import load

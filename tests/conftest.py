@@ -38,7 +38,7 @@ def _isolated_profiles(monkeypatch, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def _model_doc_master():
-    from taxes.model.predict import predict as model
+    from taxes.model import predict as model
     from taxes.documents import results
     from taxes.model.hardware import BUILTIN
     from taxes.workloads import make_workload

@@ -90,7 +90,7 @@ def _measured_doc(tmp: Path) -> Path:
 
 
 def _model_doc(tmp: Path) -> Path:
-    from taxes.model.predict import predict as model
+    from taxes.model import predict as model
     from taxes.model.hardware import BUILTIN
     from taxes.workloads import make_workload
 

@@ -21,7 +21,7 @@ from _util import assert_one_line, run_cli
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from taxes.model.predict import calibrate as cal
+from taxes.model import calibrate as cal
 from taxes.model.calibrate import derive, fits, measurements, plan, run
 from taxes.cli.calibrate_cmd import calibrate as calibrate_command
 from taxes.cli.main import TaxesGroup

@@ -131,7 +131,7 @@ def test_check_over_every_committed_document_at_once(capsys, tmp_path):
     every committed result document and a model one (skipped with a note) it gives a verdict."""
     from committed import result_documents
 
-    from taxes.model.predict import predict as model
+    from taxes.model import predict as model
     from taxes.documents import results
     from taxes.model.hardware import BUILTIN
     from taxes.workloads import make_workload

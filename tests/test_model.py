@@ -11,7 +11,7 @@ from _util import assert_one_line
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taxes.model.predict import predict as model
+from taxes.model import predict as model
 from taxes.errors import TaxesError
 from taxes.model.hardware import BUILTIN
 from taxes.model.predict import COMPONENTS, TAXES, ModelOptions, floor_of, predict, predict_all

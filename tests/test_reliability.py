@@ -36,7 +36,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taxes.variants import variants_of
-from taxes.model.predict import hardware
+from taxes.model import hardware
 from taxes.run import preflight
 from taxes.documents import results
 from taxes.cli.main import cli
