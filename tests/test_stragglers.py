@@ -149,3 +149,54 @@ def test_a_record_costing_over_5_percent_marks_waits_and_stragglers_untrusted(tm
             assert code == 0, err
             text = out.read_text()
             assert ("UNTRUSTED" in text and "not to be trusted" in text) == marked, fmt
+
+
+def _without_collective_identity(progs):
+    """What a timing record keeps: no record_param_comms ops, and no process group or sequence number on the
+    kernels; only the kernels, their launches and the steps."""
+    for p in progs:
+        p.tr["doc"]["traceEvents"] = [e for e in p.tr["doc"]["traceEvents"] if e.get("name") != "record_param_comms"]
+        for e in p.tr["doc"]["traceEvents"]:
+            for k in ("Process Group Name", "Process Group ID", "pg", "Seq", "seq", "Collective name"):
+                (e.get("args") or {}).pop(k, None)
+    return progs
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_record_that_names_no_collective_still_finds_the_late_rank(tmp_path, seed):
+    """A timing record keeps no cpu ops: the all-reduces are identified by their kernels' order on each rank
+    (one order on every rank, as in DDP), so the late rank is still named, every rank's sync wait is the
+    planted one, and a warning says how the instances were identified."""
+    rnd = random.Random(100 + seed)
+    world, where = rnd.choice([2, 4]), rnd.choice(["host", "device"])
+    late_rank, delay = rnd.randrange(world), rnd.uniform(100.0, 400.0)
+    progs, arrivals = lockstep(world, late_rank, delay, where, seed=seed)
+    an = analysed(tmp_path, _without_collective_identity(progs))
+    assert set(an.instances["source"]) == {"kernel-order"} and an.instances["matched"].all()
+    assert any("order on each rank" in w for w in an.warnings)
+    assert not any("carry no collective identity" in w for w in an.warnings)
+    st = an.stragglers.set_index("rank")
+    assert st.loc[late_rank, "straggler"] and st["straggler"].sum() == 1, st
+    ulp = 0.01 * len(arrivals) * world
+    for r in range(world):
+        if r != late_rank:
+            suffered = sum(a[late_rank] - a[r] for a in arrivals.values())
+            assert st.loc[r, "suffered_wait_us"] == pytest.approx(suffered, abs=ulp)
+
+
+def test_kernels_in_different_orders_on_two_ranks_are_not_paired(tmp_path):
+    """Without identity, an order that differs between ranks (in the first step rank 0 runs collective B then
+    the all-reduce, rank 1 the all-reduce then B) must not turn into sync wait between kernels that did not
+    meet: the overlap test leaves such pairs unmatched, and the other steps still match."""
+    progs, _ = lockstep(2, None, 0.0, "host", steps=2, per_step=2, seed=3)
+    progs = _without_collective_identity(progs)
+    first = {}
+    for r, p in enumerate(progs):
+        first[r] = [e for e in p.tr["doc"]["traceEvents"] if e.get("name") == AR and e.get("cat") == "kernel"][:2]
+    first[0][0]["name"] = first[1][1]["name"] = "ncclDevKernel_Broadcast_RING_LL"
+    an = analysed(tmp_path, progs)
+    inst = an.instances
+    swapped = inst["key"].str.startswith("order:0:")
+    assert swapped.sum() == 2 and not inst.loc[swapped, "matched"].any(), inst
+    assert inst.loc[~swapped, "matched"].all() and (~swapped).sum() == 2
+    assert an.summary["rows"]["sync_wait"] < 5.0  # jitter only: nobody was late

@@ -368,6 +368,10 @@ def analyze(paths, hardware: str | None = None, plain_steps: dict | None = None,
             n = int((~inst["matched"]).sum())
             warnings.append(f"{n} collective instance(s) could not be matched across ranks (missing on a rank, or not "
                             "overlapping in time): listed, and given no sync wait")
+        if not inst.empty and (inst["source"] == "kernel-order").any():
+            n = int((inst["source"] == "kernel-order").sum())
+            warnings.append(f"{n} collective instance(s) identified by their kernels' order on each rank (the record "
+                            "names no collective): right when every rank issues one order of collectives, as DDP does")
         unkeyed = sum(t["unkeyed"] for t in by_rank.values())
         if unkeyed:
             warnings.append(f"{unkeyed} communication activities carry no collective identity (no process group and "

@@ -12,7 +12,14 @@ instance key of a communication activity is taken, first that applies, from
                  order on every rank): "pg:step:k:collective name"
     graph-order  a communication kernel replayed from a CUDA graph (no op launched it): its position in
                  the step's replays and in its replay, and its name: a graph replays one recorded sequence
-none otherwise ("" key): such activities are listed, never matched, and get no sync wait.
+    kernel-order without any of these (a timing record keeps no cpu ops: cupti-python's, or torch.profiler's
+                 without CPU activity), for NCCL kernels only: the kernel's position among the NCCL kernels
+                 of the same name within its step on this rank, and its name: "order:step:k:name". It rests on the
+                 same rule as group-order (one order on every rank), with the process group unknown: jobs
+                 whose process groups issue collectives of one name in different orders on different ranks
+                 can pair the wrong kernels; match_collectives' overlap test refuses most such pairs
+none otherwise ("" key, e.g. outside every step): such activities are listed, never matched, and get no sync
+wait.
 
 taxes.attribution.attribute.match_collectives then matches instances only if they overlap in time on every rank (a
 collective cannot finish before its last rank arrives); unmatched instances are reported, never turned
@@ -75,6 +82,15 @@ def instance_keys(events: pd.DataFrame, acts: pd.DataFrame, extra: pd.DataFrame,
         key[g["i"].values] = [f"graph:{s}:{r}:{p}:{nm}" for s, r, p, nm in
                               zip(g["step"].values, g["replay"].values, g["pos"].values, g["name"].values)]
         source[g["i"].values] = "graph-order"
+    # 4. by order on this rank: nothing names the collective; only NCCL's, whose collectives must run in one
+    # order on every rank of a communicator (one-sided kernels, e.g. symmetric memory's, promise no such order)
+    todo = comm & (key == "") & (step_of >= 0) & (acts["comm"].values == "nccl")
+    if todo.any():
+        g = pd.DataFrame({"i": np.flatnonzero(todo), "step": step_of[todo], "start": acts["start_us"].values[todo],
+                          "name": acts["name"].values[todo]}).sort_values(["start", "i"], kind="stable")
+        g["k"] = g.groupby(["step", "name"], sort=False).cumcount()
+        key[g["i"].values] = [f"order:{s}:{k}:{nm}" for s, k, nm in zip(g["step"].values, g["k"].values, g["name"].values)]
+        source[g["i"].values] = "kernel-order"
     return key, source
 
 
