@@ -28,9 +28,10 @@ from taxes.run.trace import RECORDS
               help="What ends a step: auto (optimizer.step() or taxes.step()), nvtx:RANGE_NAME.")
 @click.option("--hardware", "hardware_name", default=None,
               help="Hardware profile for the floors and locality (default: the one the trace's GPU name selects).")
-@click.option("--record", type=click.Choice(RECORDS), default="full", show_default=True,
+@click.option("--record", type=click.Choice(RECORDS), default="auto", show_default=True,
               help="full: CPU ops, shapes, memory and tensors (locality), at a host cost per op; timing: CUDA "
-                   "activity only, for programs whose host is the bottleneck (no op names, no locality).")
+                   "activity only, for programs whose host is the bottleneck (no op names, no locality); auto: "
+                   "timing under torchrun (several ranks), full otherwise.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "md", "html"]), default="table", show_default=True)
 @click.option("--timeout-s", type=SECONDS, default=None,
               help="Stop the program, and every process it started, after this many seconds.")

@@ -354,3 +354,21 @@ def test_launches_without_recorded_calls_are_placed_and_the_idle_before_them_is_
         if step % 2:  # the replay: graph gaps between its kernels, the placed launch one latency before it
             assert row["graph_gaps"] == pytest.approx(2.0, abs=0.01)
             assert row["launch"] == pytest.approx(0.7, abs=0.01)
+
+
+def test_the_record_under_torchrun_is_the_timing_one_where_it_can_record(monkeypatch):
+    """--record auto: several ranks (torchrun) take the timing record, whose cost leaves the ranks' order at
+    collectives to the job; one process takes the full record; without cupti-python, the full one with a reason."""
+    from taxes.run import cupti
+    from taxes.run.trace import choose_record, launches_ranks
+
+    assert launches_ranks(["torchrun", "--nproc_per_node", "2", "train.py"])
+    assert launches_ranks(["/usr/bin/python3", "-m", "torch.distributed.run", "train.py"])
+    assert not launches_ranks(["python", "train.py", "--torchrun"]) and not launches_ranks(["python", "torchrun.py"])
+    monkeypatch.setattr(cupti, "available", lambda: "")
+    assert choose_record(["torchrun", "train.py"], "auto")[0] == "timing"
+    assert choose_record(["python", "train.py"], "auto") == ("full", "")
+    assert choose_record(["torchrun", "train.py"], "full") == ("full", "")
+    monkeypatch.setattr(cupti, "available", lambda: "no CUDA")
+    record, why = choose_record(["torchrun", "train.py"], "auto")
+    assert record == "full" and "no CUDA" in why

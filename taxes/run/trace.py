@@ -20,7 +20,30 @@ from signal import SIGINT, SIGKILL, SIGTERM
 
 from taxes.errors import TaxesError
 
-RECORDS = ("full", "timing")  # what the profiled steps record (taxes.run.trace_hook says what each costs)
+RECORDS = ("auto", "full", "timing")  # what the profiled steps record (taxes.run.trace_hook says what each costs)
+
+
+def launches_ranks(command: list[str]) -> bool:
+    """Does the command start several ranks (torchrun, or python -m torch.distributed.run / .launch)?"""
+    head = [os.path.basename(a) for a in command[:1]] + command[1:4]
+    return "torchrun" in head[:1] or any(a in ("torch.distributed.run", "torch.distributed.launch") for a in head)
+
+
+def choose_record(command: list[str], record: str) -> tuple[str, str]:
+    """`auto` -> (record, why): under torchrun the timing record (cupti-python), where it can record; otherwise
+    the full one. On a host-bound DDP step the full record multiplied the step about 5x and its waits described
+    the profiler; the timing record cost 15-31% (reports/known_answer/ddp-h100-x2.json), so the ranks' order at
+    collectives stays the job's. Explicit choices pass through."""
+    if record != "auto":
+        return record, ""
+    if not launches_ranks(command):
+        return "full", ""  # one process: the full record (op names, shapes, locality)
+    from taxes.run.cupti import available
+
+    why = available()
+    if why:
+        return "full", f"several ranks, but the timing record cannot record here ({why}): the full record"
+    return "timing", "several ranks: the timing record (cupti-python), whose cost leaves the ranks' order at collectives to the job"
 
 SITECUSTOMIZE = """# written by taxes trace: load its step hook, then whatever sitecustomize this one hides
 import importlib.util as _u, os as _os, sys as _sys
@@ -43,7 +66,7 @@ if _spec is not None:
 
 
 def run(command: list[str], out_dir: str, steps: int = 5, plain: int = 5, skip: int = 3, signal: str = "auto",
-        timeout_s: float | None = None, record: str = "full", block: int = 2) -> dict:
+        timeout_s: float | None = None, record: str = "auto", block: int = 2) -> dict:
     """Run `command` with the hook; returns {"returncode", "traces": [paths], "plain": {rank: [us]},
     "steps_seen": {rank: n}}. Raises TaxesError (one line) when nothing usable was recorded."""
     if not command:
@@ -51,7 +74,12 @@ def run(command: list[str], out_dir: str, steps: int = 5, plain: int = 5, skip: 
     if shutil.which(command[0]) is None and not os.path.exists(command[0]):
         raise TaxesError(f"trace: {command[0]!r}: no such program")
     if record not in RECORDS:
-        raise TaxesError(f"trace: --record {record!r}: use {' or '.join(RECORDS)}")
+        raise TaxesError(f"trace: --record {record!r}: use {', '.join(RECORDS)}")
+    record, why_record = choose_record(command, record)
+    if why_record:
+        from taxes.console import say
+
+        say(f"taxes trace: --record auto: {why_record}")
     if record == "timing":
         from taxes.run.cupti import available
 
