@@ -15,7 +15,7 @@ from pathlib import Path
 
 VERSION = "0.1.0"  # the package version (taxes.__version__); documents record it as tool_version
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (taxes/documents/ is two below it)
 STAMP = ".taxes-provenance.json"
 
 

@@ -59,7 +59,7 @@ def _version(dist: str) -> str | None:
 
 def git_commit(path: str | Path | None = None) -> str | None:
     """The commit of the checkout `taxes` runs from, when it runs from one."""
-    here = Path(path) if path else Path(taxes.__file__).resolve().parent.parent
+    here = Path(path) if path else Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
@@ -69,7 +69,7 @@ def git_commit(path: str | Path | None = None) -> str | None:
 
 def git_dirty(path: str | Path | None = None) -> bool | None:
     """Whether the checkout has changes git would commit (the commit alone does not say what ran)."""
-    here = Path(path) if path else Path(taxes.__file__).resolve().parent.parent
+    here = Path(path) if path else Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
                              capture_output=True, text=True, timeout=10)

@@ -305,14 +305,13 @@ _FRACTIONS = [n for n in _NUMBER_FIELDS if n.endswith("_efficiency")]
 
 def profile_dirs() -> list[Path]:
     """Where saved (calibrated) profiles are looked up by name, first hit wins: TAXES_PROFILE_DIR, the
-    user's saved profiles, those shipped with the package, then the calibrations committed to a checkout
+    user's saved profiles, then the calibrations committed to a checkout
     (reports/calibration of the working directory, and of the checkout taxes runs from)."""
     dirs = []
     if os.environ.get("TAXES_PROFILE_DIR"):
         dirs.append(Path(os.environ["TAXES_PROFILE_DIR"]))
     dirs.append(Path.home() / ".config" / "taxes" / "profiles")
-    dirs.append(Path(__file__).parent / "profiles")  # calibrated profiles shipped with the package
-    for root in (Path.cwd(), Path(__file__).resolve().parent.parent):
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
         if (root / "reports" / "calibration").is_dir() and root / "reports" / "calibration" not in dirs:
             dirs.append(root / "reports" / "calibration")
     return dirs

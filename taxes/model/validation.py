@@ -32,7 +32,7 @@ MEASURED_TAXES = {
     "kernel-launch": ("launch", "host_bound", "graph_gaps"),
 }
 MATTERS = 0.05  # a tax at least this share of measured E2E is one the model must get right
-ROOT = Path(__file__).resolve().parent.parent  # the checkout: tests/ and kernels/*_tuned.json
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: tests/ and kernels/*_tuned.json
 
 
 def shape_text(shape: dict) -> str:
