@@ -454,6 +454,7 @@ def summarize(rows: pd.DataFrame, steps: list | None = None) -> dict:
     ov = overall(rows)
     if ov.empty:
         return {"e2e_us": None, "rows": {}, "per_rank": {}, "kept": [], "n": 0}
+    # the kept steps by hand, not trim_mean: every row is averaged over the same steps, so the rows add up to e2e_us
     keep_idx = kept_iterations(list(ov["span_us"]))
     kept_steps = [ov["step"].iloc[i] for i in keep_idx]
     ko = ov[ov["step"].isin(kept_steps)]
