@@ -174,6 +174,17 @@ def install(table: Path, new: list[dict]) -> None:
     write_atomic(table, json.dumps(doc, indent=1) + "\n")
 
 
+def shipped_command(argv: list[str]) -> str:
+    """The command as a tuned table keeps it: without --out, a directory of the machine it ran on."""
+    kept, skip = [], False
+    for a in argv:
+        if skip or a == "--out" or a.startswith("--out="):
+            skip = a == "--out"
+            continue
+        kept.append(a)
+    return " ".join(["benchmarks/tune.py", *kept])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workload", choices=sorted(TABLES))
@@ -216,7 +227,7 @@ def main(argv=None) -> int:
     meta = collect_metadata("tune", args.gpus, "", command=" ".join(["benchmarks/tune.py", *argv]),
                             emulated=args.emulate, **res["meta"])
     gpus = meta.get("gpu_names") or ["emulated ranks"]
-    how = f"{meta['date']}: {meta['command']} on {len(gpus)} x {gpus[0]}"
+    how = f"{meta['date']}: {shipped_command(argv)} on {len(gpus)} x {gpus[0]}"
     new = entries(res["rows"], args.gpus, how)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -475,7 +475,7 @@ def test_summaries_of_many_samples_match_the_definitions():
         samples = [rng.integers(90, 110, n).astype(float).tolist() for _ in range(3)]
         per_iter = [max(v) for v in zip(*samples)]
         s = results.summarize_samples(samples)
-        assert s["iqm"] == iqm(per_iter)  # the same iterations kept, the same exact sum
+        assert s["iqm"] == iqm(per_iter)  # the same iterations kept, the same computation
         q = pd.Series(per_iter).quantile([0.1, 0.5, 0.9]).tolist()
         assert [s["p10"], s["median"], s["p90"]] == pytest.approx(q, rel=1e-12) and s["n"] == n
 

@@ -37,7 +37,13 @@ def test_emulated_gemm_rs_tuning_checks_every_candidate_and_keeps_the_fastest(tm
     assert len(winner) == 1 and entry["median_us"] == winner[0]["median_us"] and entry["config"] == winner[0]["config"]
     assert winner[0]["overrides"] == min(fused, key=lambda r: r["median_us"])["overrides"]
     assert entry["world"] == 2 and (entry["M"], entry["N"], entry["K"]) == (64, 32, 64)
+    assert "benchmarks/tune.py gemm-rs --emulate --install" in entry["how"] and str(tmp_path) not in entry["how"]
     assert rs.TUNED_FILE.read_bytes() == table_before  # emulated entries never reach the kernel's table
+
+
+def test_a_tuned_table_keeps_the_command_without_its_output_directory():
+    argv = ["ag-gemm", "--out", "/scratch/tune", "--iters", "3", "--out=/scratch/t2", "--install"]
+    assert tune.shipped_command(argv) == "benchmarks/tune.py ag-gemm --iters 3 --install"
 
 
 def test_install_replaces_only_the_same_variant_shape_and_world(tmp_path):

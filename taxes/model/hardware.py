@@ -311,7 +311,7 @@ def profile_dirs() -> list[Path]:
     if os.environ.get("TAXES_PROFILE_DIR"):
         dirs.append(Path(os.environ["TAXES_PROFILE_DIR"]))
     dirs.append(Path.home() / ".config" / "taxes" / "profiles")
-    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):  # taxes/model/ -> the checkout
         if (root / "reports" / "calibration").is_dir() and root / "reports" / "calibration" not in dirs:
             dirs.append(root / "reports" / "calibration")
     return dirs
@@ -403,6 +403,7 @@ def profile_from_dict(d: dict, origin: str = "profile") -> HardwareProfile:
     if not isinstance(combine, dict) or not all(k in COMBINE_KEYS and _finite(v) for k, v in combine.items()) \
             or (combine and set(combine) != set(COMBINE_KEYS)):
         raise _bad(origin, f"combine_us must be empty or map {' and '.join(COMBINE_KEYS)} to finite non-negative numbers")
+    _check_schema(d, origin)
     return HardwareProfile(
         name=d["name"] if isinstance(d["name"], str) and d["name"] else "unnamed",
         launch_host_us={k: float(v) for k, v in hosts.items()},
@@ -413,6 +414,18 @@ def profile_from_dict(d: dict, origin: str = "profile") -> HardwareProfile:
         extra=extra,
         **{k: (int(v) if k == "sm_count" else float(v)) for k, v in values.items()},
     )
+
+
+def _check_schema(d: dict, origin: str) -> None:
+    """The published schema (taxes/documents/schema/hardware-v1.json) after the checks above, which name the
+    common faults in their own words; without jsonschema installed those checks stand alone."""
+    try:
+        import jsonschema  # noqa: F401
+    except ImportError:
+        return
+    from taxes.documents import schema
+
+    schema.check(d, origin, schema.HARDWARE_V1)
 
 
 def profile_to_dict(profile: HardwareProfile) -> dict:

@@ -1,4 +1,5 @@
-"""The published JSON Schemas of what taxes writes (result-v1.json: result documents), and the validator
+"""The published JSON Schemas of what taxes writes (result-v1.json: result documents; hardware-v1.json: hardware
+profiles), and the validator
 that checks a parsed document against one with a message naming the field's path.
 
 jsonschema checks each value; two additions:
@@ -18,6 +19,7 @@ from taxes.errors import TaxesError
 from taxes.sanitize import json_type as _json_type, printable
 
 RESULT_V1 = "result-v1.json"
+HARDWARE_V1 = "hardware-v1.json"
 
 
 @lru_cache(maxsize=None)

@@ -48,8 +48,8 @@ def fit_latency_bandwidth(x_bytes, t_us, what: str = "curve", min_points: int = 
 
     Least squares on log residuals (log fit - log t): a 4 KiB point's 20 us and a 256 MiB point's 1 ms
     weigh alike, so the small sizes set the latency and the large ones the bandwidth, and a point 5x too
-    slow counts as much as one 5x too fast. Solved by Gauss-Newton from the linear fit of relative
-    residuals. Then, one at a time, the point with the worst residual is dropped while it lies far beyond
+    slow counts as much as one 5x too fast. Solved by scipy's least_squares from the linear fit of
+    relative residuals. Then, one at a time, the point with the worst residual is dropped while it lies far beyond
     the others' (more than 4 robust standard deviations of theirs, and more than 5%), at most a quarter
     of the points. Returns base_us, bytes_per_us, rel_rms (of the kept points, log residuals ~ relative),
     used and dropped x values."""
@@ -67,29 +67,18 @@ def fit_latency_bandwidth(x_bytes, t_us, what: str = "curve", min_points: int = 
         return np.log(f / t[mask]) if np.all(f > 0) else None
 
     def solve(mask):
+        from scipy.optimize import least_squares
+
         xs, ts = x[mask], t[mask]
         coef, *_ = np.linalg.lstsq(np.stack([np.ones(xs.size), xs], axis=1) / ts[:, None], np.ones(xs.size), rcond=None)
         base, slope = float(coef[0]), float(coef[1])
         if residuals(base, slope, mask) is None:  # start from a line through the points that stays positive
             base, slope = float(ts.min()) / 2, max(slope, 1e-12)
-        for _ in range(100):
-            r = residuals(base, slope, mask)
-            f = base + slope * xs
-            step, *_ = np.linalg.lstsq(np.stack([1 / f, xs / f], axis=1), -r, rcond=None)
-            lam = 1.0
-            while lam > 1e-8:
-                nb, ns = base + lam * float(step[0]), slope + lam * float(step[1])
-                nr = residuals(nb, ns, mask)
-                if nr is not None and float(nr @ nr) <= float(r @ r):
-                    break
-                lam /= 2
-            else:
-                break
-            done = abs(nb - base) <= 1e-12 * max(abs(base), 1e-9) and abs(ns - slope) <= 1e-12 * abs(slope)
-            base, slope = nb, ns
-            if done:
-                break
-        return base, slope
+        # solved for multiples of the start (a latency of tens of us and a slope of 1e-5 us per byte are
+        # scaled alike); a fit time at or below zero has no log: the floor keeps its residual finite and huge
+        fit = least_squares(lambda u: np.log(np.maximum(u[0] * base + u[1] * slope * xs, 1e-300) / ts), [1.0, 1.0],
+                            ftol=1e-15, xtol=1e-15, gtol=1e-15, method="lm")
+        return float(fit.x[0]) * base, float(fit.x[1]) * slope
 
     keep, drop = ok.copy(), []
     base, slope = solve(keep)
