@@ -286,3 +286,21 @@ def table(docs: list[dict], hw, sources: list[str] | None = None, calibrations: 
     if calibrations:
         out["calibrations"] = calibration_spread(docs, calibrations_in(calibrations))
     return out
+
+
+def measured_document(path: str) -> dict:
+    """A document `validate --from` can judge the model by: one that holds measurements of a workload (not
+    the model's own predictions, which would agree with themselves)."""
+    from taxes.documents.results import TRACE_WORKLOAD, load
+    from taxes.errors import TaxesError
+    from taxes.sanitize import printable
+
+    doc = load(path)
+    kind = doc["metadata"].get("kind")
+    if kind != "profile":
+        raise TaxesError(f"--from {printable(path)}: a {kind} document holds predictions, not measurements; give "
+                         "documents from taxes profile")
+    if any(c["workload"] == TRACE_WORKLOAD for c in doc["cases"]):
+        raise TaxesError(f"--from {printable(path)}: made from traces (taxes analyze): no workload shape for the model "
+                         "to predict; give documents from taxes profile")
+    return doc
