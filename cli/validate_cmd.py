@@ -21,8 +21,8 @@ FORMATS = ("table", "md", "json", "csv")
 @click.option("--iters", type=int, default=20, show_default=True)
 @click.option("--emulate", is_flag=True)
 @click.option("--from", "from_docs", multiple=True, help="validate existing result documents instead of running")
-@output_option("Write the validation table (or, --planted, the known answers) here instead of stdout; an existing "
-               "directory is taken as --out-dir.")
+@output_option("Write the validation table here instead of stdout (an existing directory is taken as --out-dir); "
+               "--planted: the known-answer document (default: GPU-xWORLD.json in --out-dir).")
 @click.option("--out-dir", default=None, metavar="DIR",
               help="Write the files here: the result documents and validation.json; --planted: GPU-xWORLD.json "
                    "(default reports/known_answer).")
@@ -47,11 +47,11 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
         output, out_dir = None, output
     if out_dir and os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise TaxesError(f"--out-dir {_shown(out_dir)}: not a directory (validate writes several files there)")
-    check_output(output, force)
     if planted:
         if not emulate and surely_no_gpu():
             raise TaxesError(no_gpu("validate"))
         return _planted(gpus, emulate, iters, clock, out_dir, timeout_s, records, fmt, output, force)
+    check_output(output, force)
     if out_dir and os.path.isdir(out_dir):
         check_output(os.path.join(out_dir, "validation.json"), force, "--out-dir")  # before any work
     if not from_docs and not emulate and surely_no_gpu():
@@ -123,31 +123,32 @@ def _save_summary(summary: dict, out_dir: str, force: bool) -> None:
 
 
 def _planted(gpus, emulate, iters, clock, out_dir, timeout_s, records, fmt, output, force) -> None:
-    """Known answers: measured, written to DIR/GPU-xWORLD.json, shown as a table."""
+    """Known answers: measured, written to -o FILE (the document is the product) or DIR/GPU-xWORLD.json,
+    shown on stdout."""
     from taxes.documents.io import announce_written, check_output
     from taxes.run.known_answers import known_answer_path, known_answer_rows, run_planted
     from taxes.run.machine import run_world
 
-    path = known_answer_path(out_dir, run_world(gpus, emulate), emulate)
-    if os.path.isdir(os.path.dirname(path) or "."):  # else run_planted makes the directory
-        check_output(path, force, "--out-dir")
+    path = output or known_answer_path(out_dir, run_world(gpus, emulate), emulate)
+    if os.path.isdir(os.path.dirname(os.path.abspath(path))):  # else run_planted makes the directory
+        check_output(path, force, "-o" if output else "--out-dir")
     check_output(records, force, "--records")
     rows, path = run_planted(gpus, emulate, iters, clock, path, timeout_s, records)
     header, table = known_answer_rows(rows)
     if fmt == "json":
         import json
 
-        emit(json.dumps(rows, indent=1) + "\n", output, force)
+        emit(json.dumps(rows, indent=1) + "\n", None)
     elif fmt == "table":
         from taxes.console import print_table, say
         from taxes.run.planted import summary
 
-        show(lambda c: print_table(c, "known answers", header, table, left=2), output, force)
+        show(lambda c: print_table(c, "known answers", header, table, left=2), None, False)
         say(summary(rows))
     else:
         from taxes.reports.tables import table_text
 
-        emit(table_text(header, table, fmt, "known answers"), output, force)
+        emit(table_text(header, table, fmt, "known answers"), None)
     if path:
         announce_written(path)
 
