@@ -312,7 +312,7 @@ def profile_dirs() -> list[Path]:
         dirs.append(Path(os.environ["TAXES_PROFILE_DIR"]))
     dirs.append(Path.home() / ".config" / "taxes" / "profiles")
     dirs.append(Path(__file__).parent / "profiles")  # calibrated profiles shipped with the package
-    for root in (Path.cwd(), Path(__file__).resolve().parent.parent):
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):  # taxes/model/hardware.py: the checkout
         if (root / "reports" / "calibration").is_dir() and root / "reports" / "calibration" not in dirs:
             dirs.append(root / "reports" / "calibration")
     return dirs
