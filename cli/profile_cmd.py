@@ -56,7 +56,9 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, 
     from taxes.run.profile import parse_config, plan, run_profile
 
     if strict:
-        _require_clean_checkout()
+        from taxes.documents.provenance import require_clean_checkout
+
+        require_clean_checkout("profile")
     if hardware_name:
         get_profile(hardware_name)  # a bad name fails before anything runs
     config = parse_config(config_text)
@@ -91,15 +93,6 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, 
     if failed:
         raise TaxesError(f"profile: {len(failed)} variant(s) failed: "
                          + "; ".join(f"{v['variant']}: {v['config'].get('error', 'wrong result')}" for v in failed))
-
-
-def _require_clean_checkout() -> None:
-    from taxes.documents.provenance import collect
-
-    p = collect()
-    if p["git_dirty"] is not False or not p["git_commit"]:
-        raise TaxesError("profile --strict: " + ("the checkout has uncommitted changes; commit them first"
-                                                 if p["git_dirty"] else "the code's commit is unknown"))
 
 
 def render_report(doc: dict, fmt: str) -> None:
