@@ -118,3 +118,24 @@ def test_hardware_list_writes_every_format_to_o_and_force_replaces(fmt, capsys, 
     assert code == 2 and "already exists" in err
     code, out, err = run_cli(["hardware", "list", "--format", fmt, "-o", str(target), "--force"], capsys)
     assert code == 0, err
+
+
+def test_validate_writes_its_table_to_o_and_its_files_to_out_dir(capsys, tmp_path):
+    """-o is the rendered result, --out-dir the files; --force replaces both, and the older -o DIR still
+    means the directory."""
+    from pathlib import Path
+
+    doc = str(Path(__file__).parent / "data" / "documents" / "emulated_ag_gemm.json.gz")
+    table, out_dir = tmp_path / "validation.md", tmp_path / "val"
+    args = ["validate", "--from", doc, "--format", "md", "-o", str(table), "--out-dir", str(out_dir)]
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert out == "" and table.read_text().startswith("## the model against measurement")
+    assert json.loads((out_dir / "validation.json").read_text())["rows"]
+    code, out, err = run_cli(args, capsys)
+    assert code == 2 and "already exists" in err
+    code, out, err = run_cli([*args, "--force"], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["validate", "--from", doc, "-o", str(out_dir), "--force"], capsys)  # the older spelling
+    assert code == 0, err
+    assert "the model against measurement" in out and f"wrote {out_dir}" in err.replace("\n", " ")

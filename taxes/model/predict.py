@@ -10,6 +10,9 @@ figure comes from the hardware profile, and where `taxes calibrate` measured the
 (its readings in the profile's extra), from that measurement. docs/model.md gives every formula, where its
 figures come from, and how far it is from measurement.
 
+Each workload's steps are built in taxes/model/steps.py, from the figures taxes/model/figures.py reads out
+of the profile; this module places them in time, adds them up and checks the sum.
+
 Every prediction passes the consistency checks (`check`) before it is returned; a violation raises
 ModelInconsistency, never a number.
 """
