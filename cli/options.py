@@ -1,4 +1,4 @@
-"""Option types shared by several commands."""
+"""The options every command shares (the grammar), their option types, and writing a result."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def format_option(choices, default: str = "table", help: str | None = None):
 
 
 def gpus_option(default: int | None = 2, help: str = "Number of GPUs (ranks): the world size."):
-    """--gpus N, with --world N kept as a hidden alias (the later spelling wins when both are given)."""
+    """--gpus N, with --world N kept as a hidden alias (given, it is the one taken)."""
 
     def decorate(f):
         @functools.wraps(f)
