@@ -14,8 +14,12 @@ from taxes.run.trace import RECORDS
 
 
 @click.command("trace", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--out", "out_dir", default="taxes-trace", show_default=True,
-              help="Directory for the traces (rankR.json.gz), the plain step times and the report.")
+@click.option("--out-dir", "out_dir", default="taxes-trace", show_default=True,
+              help="Directory for the traces (rankR.json.gz), the plain step times and the report (each run's own).")
+@click.option("--out", "out_alias", default=None, hidden=True)
+@click.option("-o", "--output", default=None,
+              help="Write the report here (default: stdout for table, else report.FORMAT in the --out-dir directory).")
+@click.option("--force", is_flag=True, help="Replace an existing -o file.")
 @click.option("--steps", type=int, default=5, show_default=True, help="Steps to profile.")
 @click.option("--plain", "plain_steps", type=int, default=5, show_default=True,
               help="Steps timed without the profiler (their device time: the plain step time): before the profiled "
@@ -37,14 +41,17 @@ from taxes.run.trace import RECORDS
               help="Stop the program, and every process it started, after this many seconds.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def trace(ctx, out_dir, steps, plain_steps, block, skip, signal, hardware_name, record, fmt, timeout_s, command):
+def trace(ctx, out_dir, out_alias, output, force, steps, plain_steps, block, skip, signal, hardware_name, record, fmt,
+          timeout_s, command):
     """Run COMMAND (a Python program, or torchrun ... for one trace per rank) with torch.profiler switched on
     from outside over a schedule of steps, time the same kind of steps without it, and analyze the traces:
     the three taxes of any PyTorch program, and what measuring cost."""
     from taxes.run import trace as T
     from taxes.cli.analyze_cmd import analyze
-    from taxes.documents.io import write_output
+    from taxes.documents.io import check_output, write_output
 
+    out_dir = out_alias or out_dir  # --out: the older spelling of --out-dir
+    check_output(output, force)
     cmd = T.python_module_command(list(command))
     res = T.run(cmd, out_dir, steps=steps, plain=plain_steps, skip=skip, signal=signal, timeout_s=timeout_s,
                 record=record, block=block)
@@ -52,12 +59,12 @@ def trace(ctx, out_dir, steps, plain_steps, block, skip, signal, hardware_name, 
     write_output(plain_path, json.dumps({str(r): v for r, v in res["plain"].items()}), force=True, announce=False)
     click.echo(f"taxes: traced {len(res['traces'])} rank(s) into {out_dir}; the program exited with "
                f"{res['returncode']}", err=True)
-    report = os.path.join(out_dir, f"report.{ {'table': 'txt'}.get(fmt, fmt) }") if fmt != "table" else None
+    report = output or (os.path.join(out_dir, f"report.{ {'table': 'txt'}.get(fmt, fmt) }") if fmt != "table" else None)
     if res["returncode"] not in (0, None):
         click.echo(f"taxes: warning: the program exited with {res['returncode']}; the traces are analysed anyway",
                    err=True)
     try:
         ctx.invoke(analyze, traces=tuple(res["traces"]), hardware_name=hardware_name, plain_file=plain_path, fmt=fmt,
-                   output=report, force=True)
+                   output=report, force=force if output else True)
     except TaxesError as e:
         raise TaxesError(f"trace: analyze: {e}") from None

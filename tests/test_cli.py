@@ -362,7 +362,7 @@ def test_profile_table_to_a_file_is_not_cut(capsys, monkeypatch):
     was a file."""
     import gzip
 
-    from taxes.cli.profile_cmd import _render
+    from taxes.cli.profile_cmd import render_report as _render
 
     monkeypatch.delenv("COLUMNS", raising=False)
     doc = results.loads(gzip.decompress((Path(__file__).parent / "data" / "documents" /

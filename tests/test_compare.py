@@ -338,7 +338,7 @@ def test_failed_errored_and_empty_variants_are_shown_not_compared(tmp_path):
     assert list(df.loc[["bsp", "fused-pull", "fused-push"], "verdict"]) == ["not compared"] * 3
     assert "correctness" in df.loc["bsp", "note"] and "new:" in df.loc["bsp", "note"]
     assert "Timeout waiting for flag" in df.loc["fused-pull", "note"]
-    assert "no median" in df.loc["fused-push", "note"]
+    assert "no samples and no recorded E2E" in df.loc["fused-push", "note"]
     assert df.loc["bsp-graph", "verdict"] == "same"
     assert not df.loc[["bsp", "fused-pull", "fused-push"], "ratio"].notna().any()
     b, n = save(tmp_path, "b.json", base), save(tmp_path, "n.json", new)

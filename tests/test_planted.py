@@ -15,7 +15,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 @pytest.mark.slow
 def test_planted_runs_and_recovers_a_host_spin_on_the_host_clock(tmp_path):
-    from taxes.cli.profile_cmd import run_planted
+    from taxes.run.known_answers import run_planted
 
     out, rec = tmp_path / "ka.json", tmp_path / "ka.records.json.gz"
     rows, path = run_planted(1, True, 8, "auto", str(out), 300, str(rec))
@@ -40,7 +40,7 @@ def test_a_late_rank_on_emulated_ranks_is_recovered_as_the_other_ranks_sync_wait
     # spins) and on its host. The plumbing is checked whole (ranks on one clock, the late rank's delay, the
     # rows and the records that redo them); the numbers only loosely: an emulated collective is two host
     # barriers with copies between them, and the processes' noise is a millisecond here
-    from taxes.cli.profile_cmd import run_planted
+    from taxes.run.known_answers import run_planted
 
     out, rec = tmp_path / "ka.json", tmp_path / "ka.records.json.gz"
     rows, _ = run_planted(2, True, 8, "auto", str(out), 300, str(rec))

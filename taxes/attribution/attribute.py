@@ -60,15 +60,7 @@ import pandas as pd
 from taxes.model.floor import Floor
 from taxes.traces.timeline import Timeline, covered, gaps, measure, merge, union
 
-IDLE_ROWS = ("launch", "host_bound", "sync", "compile", "data_loading", "graph_gaps", "queued")
-ROWS = ("ideal", "compute") + IDLE_ROWS + ("start_skew", "sync_wait", "exposed_transfer", "locality", "inefficiency",
-                                           "unattributed")
-LABELS = {"ideal": "derived", "compute": "derived", "launch": "measured", "host_bound": "measured",
-          "sync": "measured", "compile": "measured", "data_loading": "measured", "graph_gaps": "measured",
-          "queued": "measured", "start_skew": "derived", "sync_wait": "measured", "exposed_transfer": "derived",
-          "locality": "derived", "inefficiency": "derived", "unattributed": "derived"}
-TAXES = {"bulk-synchronous": ("sync_wait", "exposed_transfer"), "data-locality": ("locality",),
-         "kernel-launch": ("launch",)}
+from taxes.attribution.rows import IDLE_ROWS, LABELS, ROWS, TAXES  # noqa: E402,F401  (named here too)
 _CAUSE_ROW = {"graph": "graph_gaps", "unknown": "unattributed", "sync": "sync", "compile": "compile",
               "data": "data_loading", "host": "host_bound", "launch": "launch", "queued": "queued"}
 SYNC_CALLS = ("Synchronize", "cudaMemcpy\0", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2")  # blocking host calls

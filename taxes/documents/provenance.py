@@ -62,3 +62,13 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def require_clean_checkout(command: str) -> None:
+    """--strict: a run from a checkout with uncommitted changes (or of unknown commit) is refused."""
+    from taxes.errors import TaxesError
+
+    p = collect()
+    if p["git_dirty"] is not False or not p["git_commit"]:
+        raise TaxesError(f"{command} --strict: " + ("the checkout has uncommitted changes; commit them first"
+                                                    if p["git_dirty"] else "the code's commit is unknown"))

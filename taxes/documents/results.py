@@ -29,11 +29,9 @@ import sys
 from importlib import metadata as _md
 from pathlib import Path
 
-import pandas as pd
-
 from taxes.documents.provenance import VERSION
 from taxes.errors import TaxesError
-from taxes.attribution.attribute import ROWS
+from taxes.attribution.rows import ROWS
 from taxes.model.predict import COMPONENTS, Prediction
 from taxes.workloads import WORKLOADS, shape_of
 
@@ -444,6 +442,8 @@ def _case_keys(case: dict) -> dict:
 
 def components_frame(doc: dict) -> pd.DataFrame:
     """One row per (case, variant, rank, component): value_us and its label. rank is None overall."""
+    import pandas as pd
+
     rows = [{**_case_keys(case), "variant": var["variant"], "rank": comp["rank"], "component": comp["name"],
              "value_us": comp["value_us"], "label": comp["label"]}
             for case in doc["cases"] for var in case["variants"] for comp in var["components"]]
@@ -452,6 +452,8 @@ def components_frame(doc: dict) -> pd.DataFrame:
 
 def samples_frame(doc: dict) -> pd.DataFrame:
     """One row per (case, variant, rank, iteration): the measured iteration time."""
+    import pandas as pd
+
     rows = [{**_case_keys(case), "variant": var["variant"], "rank": r, "iteration": i, "time_us": t}
             for case in doc["cases"] for var in case["variants"]
             for r, samples in enumerate(var["samples_us"]) for i, t in enumerate(samples)]
@@ -459,6 +461,8 @@ def samples_frame(doc: dict) -> pd.DataFrame:
 
 
 def phases_frame(doc: dict) -> pd.DataFrame:
+    import pandas as pd
+
     rows = [{**_case_keys(case), "variant": var["variant"], "rank": ph["rank"], "phase": ph["name"], "role": ph["role"],
              "start_us": ph["start_us"], "end_us": ph["end_us"], "label": ph["label"]}
             for case in doc["cases"] for var in case["variants"] for ph in var["phases"]]
@@ -466,14 +470,18 @@ def phases_frame(doc: dict) -> pd.DataFrame:
 
 
 def summary_frame(doc: dict) -> pd.DataFrame:
-    """One row per (case, variant): E2E median and spread, correctness, and the overall components."""
+    """One row per (case, variant): E2E (the interquartile mean; a prediction, or an older document's
+    median where it records no other) and its spread, correctness, and the overall components."""
+    import pandas as pd
+
     rows = []
     for case in doc["cases"]:
         for var in case["variants"]:
             overall = {c["name"]: c["value_us"] for c in var["components"] if c["rank"] is None}
             e2e = var["e2e_us"]
             corr = var["correctness"]
-            rows.append({**_case_keys(case), "variant": var["variant"], "e2e_us": e2e["median"], "p10_us": e2e.get("p10"),
+            rows.append({**_case_keys(case), "variant": var["variant"], "e2e_us": e2e["iqm"] if e2e.get("iqm") is not None else e2e["median"],
+                         "p10_us": e2e.get("p10"),
                          "p90_us": e2e.get("p90"), "n": e2e.get("n", 0), "label": e2e["label"],
                          "correct": corr.get("passed"), "rel_error": corr.get("rel_error"),
                          **{c: overall.get(c) for c in ROWS}})

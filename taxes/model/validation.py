@@ -39,6 +39,13 @@ def shape_text(shape: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in shape.items())
 
 
+def _interquartile_mean(v: dict) -> float | None:
+    """A variant's measured E2E where no plain E2E is recorded: its interquartile mean (an older document
+    without one: the median it records)."""
+    e = v.get("e2e_us") or {}
+    return e["iqm"] if e.get("iqm") is not None else e.get("median")
+
+
 def _pct(predicted: float, measured: float) -> float | None:
     return 100.0 * (predicted - measured) / measured if measured > 0 else None
 
@@ -52,7 +59,7 @@ def validation_rows(docs: list[dict], sources: list[str] | None = None) -> list[
         for case in doc["cases"]:
             for v in case["variants"]:
                 pred = v.get("prediction")
-                med = v.get("plain_e2e_us") or (v.get("e2e_us") or {}).get("median")
+                med = v.get("plain_e2e_us") or _interquartile_mean(v)
                 if not pred or not med:
                     continue
                 model_variant = pred.get("variant") or v["variant"]
@@ -124,7 +131,7 @@ def calibration_spread(docs: list[dict], profiles: list) -> dict:
                 w = make_workload(case["workload"], case["shape"], case["world"], case["dtype"])
                 for v in case["variants"]:
                     kind = lookup(v["variant"])
-                    med = v.get("plain_e2e_us") or (v.get("e2e_us") or {}).get("median")
+                    med = v.get("plain_e2e_us") or _interquartile_mean(v)
                     if kind is None or not kind.model or not med:
                         continue
                     err = _pct(predict(w, kind.model, hw).e2e_us, med)
@@ -279,3 +286,21 @@ def table(docs: list[dict], hw, sources: list[str] | None = None, calibrations: 
     if calibrations:
         out["calibrations"] = calibration_spread(docs, calibrations_in(calibrations))
     return out
+
+
+def measured_document(path: str) -> dict:
+    """A document `validate --from` can judge the model by: one that holds measurements of a workload (not
+    the model's own predictions, which would agree with themselves)."""
+    from taxes.documents.results import TRACE_WORKLOAD, load
+    from taxes.errors import TaxesError
+    from taxes.sanitize import printable
+
+    doc = load(path)
+    kind = doc["metadata"].get("kind")
+    if kind != "profile":
+        raise TaxesError(f"--from {printable(path)}: a {kind} document holds predictions, not measurements; give "
+                         "documents from taxes profile")
+    if any(c["workload"] == TRACE_WORKLOAD for c in doc["cases"]):
+        raise TaxesError(f"--from {printable(path)}: made from traces (taxes analyze): no workload shape for the model "
+                         "to predict; give documents from taxes profile")
+    return doc

@@ -223,7 +223,7 @@ def verdict_of(ci_low: float, ci_high: float, significant: bool, threshold: floa
 
 
 def variant_state(var: dict) -> tuple[str, str]:
-    """(state, note): state is samples, summary (a median but no samples), or unusable (error,
+    """(state, note): state is samples, summary (a recorded E2E but no samples), or unusable (error,
     failed, ragged, empty)."""
     error = (var.get("config") or {}).get("error")
     if error:
@@ -236,9 +236,9 @@ def variant_state(var: dict) -> tuple[str, str]:
         if len({len(s) for s in samples}) > 1:
             return "ragged", "ranks hold different numbers of iterations"
         return "samples", ""
-    if var["e2e_us"].get("median") is not None:
+    if var["e2e_us"].get("iqm") is not None or var["e2e_us"].get("median") is not None:
         return "summary", "no samples"
-    return "empty", "no samples and no median"
+    return "empty", "no samples and no recorded E2E"
 
 
 def _iqm_of(var: dict, state: str) -> float:

@@ -14,14 +14,31 @@ from __future__ import annotations
 
 import io
 
-import matplotlib
+from typing import TYPE_CHECKING
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+from taxes.attribution.rows import ROWS as COMPONENTS
+from taxes.sanitize import printable
 
-from taxes.attribution.attribute import ROWS as COMPONENTS  # noqa: E402
-from taxes.sanitize import printable  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.patches import Patch
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, imported at the first chart (it takes a good part of a
+    second: commands that draw nothing never load it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _patch(**kw):
+    from matplotlib.patches import Patch
+
+    return Patch(**kw)
+
 
 COMPONENT_TITLES = {
     "ideal": "ideal (floor)", "compute": "compute (no floor known)", "launch": "kernel-launch tax",
@@ -49,7 +66,7 @@ assert set(COLORS) == set(COMPONENTS) and len(ROW_GROUPS) <= 8
 
 def row_patch(row: str, **kw) -> Patch:
     """A legend entry for a row: its group's colour and its own hatch."""
-    return Patch(facecolor=COLORS[row], hatch=HATCH[row], edgecolor="white", label=COMPONENT_TITLES[row], **kw)
+    return _patch(facecolor=COLORS[row], hatch=HATCH[row], edgecolor="white", label=COMPONENT_TITLES[row], **kw)
 
 
 ROLE_EDGE = {"compute": "#1f3b63", "communication": "#7a2e0e", "synchronisation": "#444444"}
@@ -64,10 +81,10 @@ def _png(fig, fmt: str = "png") -> bytes:
         raise ValueError(f"plot format {fmt!r}: png or svg")
     buf = io.BytesIO()
     # svg.hashsalt: the same figure gives the same bytes; metadata Date None: no timestamp in the file
-    with matplotlib.rc_context({"svg.hashsalt": "taxes", "svg.fonttype": "path"}):
+    with _pyplot().rc_context({"svg.hashsalt": "taxes", "svg.fonttype": "path"}):
         fig.savefig(buf, format=fmt, dpi=110, bbox_inches="tight",
                     metadata={"Date": None} if fmt == "svg" else None)
-    plt.close(fig)
+    _pyplot().close(fig)
     return buf.getvalue()
 
 
@@ -131,7 +148,7 @@ def stacked_bars_figure(case: dict):
     floor, the bars stand on it: the floor is a line and the axis starts just below it, so the height shows
     what the variants differ by."""
     variants = [v for v in case["variants"] if overall_components(v)]
-    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * max(1, len(variants)), 4.6))
+    fig, ax = _pyplot().subplots(figsize=(1.8 + 1.6 * max(1, len(variants)), 4.6))
     x = list(range(len(variants)))
     floor = common_floor(variants)
     base0 = floor or 0.0
@@ -208,7 +225,7 @@ def timeline_figure(case: dict):
         ranks = sorted({ph["rank"] for ph in var["phases"]})
         for r in ranks:
             rows.append((f"{_name(var['variant'])} r{r}", [ph for ph in var["phases"] if ph["rank"] == r]))
-    fig, ax = plt.subplots(figsize=(10, 0.9 + 0.45 * max(1, len(rows))))
+    fig, ax = _pyplot().subplots(figsize=(10, 0.9 + 0.45 * max(1, len(rows))))
     for y, (label, phases) in enumerate(rows):
         t = 0.0
         for ph in sorted(phases, key=lambda p: p["start_us"]):
@@ -243,7 +260,7 @@ def timeline_figure(case: dict):
                         color="white", clip_on=True)
     drawn = ("sync_wait", "locality", "ideal", "exposed_transfer", "inefficiency", "unattributed")
     handles = [row_patch(c) for c in COMPONENTS if c in drawn]
-    handles.append(Patch(facecolor="white", edgecolor="#888888", hatch="////",
+    handles.append(_patch(facecolor="white", edgecolor="#888888", hatch="////",
                          label="device idle between phases (its causes: the table's rows)"))
     handles.append(row_patch("launch"))
     handles[-1].set_label("launch inside a phase (host-bound, or traced)")
@@ -259,7 +276,7 @@ def predicted_vs_measured_figure(case: dict):
     """Per variant, two bars: the measured rows (stacked; their sum is the instrumented E2E, labelled
     'rows') and the model's prediction (stacked, lighter, labelled 'model')."""
     variants = [v for v in case["variants"] if v.get("prediction") and overall_components(v)]
-    fig, ax = plt.subplots(figsize=(1.6 + 1.6 * max(1, len(variants)), 4.2))
+    fig, ax = _pyplot().subplots(figsize=(1.6 + 1.6 * max(1, len(variants)), 4.2))
     tops, drawn = [], set()
     for i, v in enumerate(variants):
         for x, comps, alpha, what in ((i - 0.2, overall_components(v), 1.0, "rows"),
@@ -292,7 +309,7 @@ def cta_waits_figure(case: dict):
     earliest CTA start) with the share of it spent waiting on flags shaded red."""
     panels = [(v["variant"], name, rows) for v in case["variants"] for name, rows in (v.get("cta_timeline") or {}).items()
               if rows]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * max(1, len(panels)), 3.8), squeeze=False)
+    fig, axes = _pyplot().subplots(1, len(panels), figsize=(4.2 * max(1, len(panels)), 3.8), squeeze=False)
     for ax, (variant, name, rows) in zip(axes[0], panels):
         t0 = min(r[0] for r in rows)
         for i, (start, end, wait) in enumerate(rows):
@@ -305,8 +322,8 @@ def cta_waits_figure(case: dict):
         ax.set_xlabel("us from the first CTA's start", fontsize=8)
         ax.set_ylabel("CTA", fontsize=8)
         ax.invert_yaxis()
-    handles = [Patch(facecolor="#4C72B0", label="active"),
-               Patch(facecolor=COLORS["sync_wait"], label="waiting on flags (total, drawn first)")]
+    handles = [_patch(facecolor="#4C72B0", label="active"),
+               _patch(facecolor=COLORS["sync_wait"], label="waiting on flags (total, drawn first)")]
     axes[0][-1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(_title(case_title(case), 100), fontsize=9)
     return fig
@@ -347,7 +364,7 @@ def sweep_figure(dim: str, values: list[int], e2e: dict[str, list[float]],
     marker and dash; a line that repeats another's values is drawn with a larger hollow marker beneath and
     named with it in the legend ("fused-push = fused-pull")."""
     panels = 3 if ratio is not None or of_floor is not None else 2
-    fig, axes = plt.subplots(1, panels, figsize=(5.4 * panels, 4.4))
+    fig, axes = _pyplot().subplots(1, panels, figsize=(5.4 * panels, 4.4))
     ax = axes[0]
     twins = same_series(e2e)
     names = list(e2e)

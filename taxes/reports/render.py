@@ -24,7 +24,7 @@ import base64
 import json
 import math
 
-from taxes.attribution.attribute import TAXES
+from taxes.attribution.rows import TAXES
 from taxes.reports.plots import (
     COMPONENT_TITLES,
     COMPONENTS,

@@ -207,3 +207,15 @@ def summary_lines(doc: dict) -> list[str]:
                 line += f", unattributed {100 * att['unattributed_share']:+.1f}%"
             lines.append(line)
     return lines
+
+
+def parse_config(text: str) -> dict:
+    """'block_n=128,producer=ctas' -> {"block_n": 128, "producer": "ctas"} (whole numbers become ints)."""
+    out = {}
+    for item in (x for x in text.split(",") if x.strip()):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise TaxesError(f"--config: {item!r} is not key=value")
+        value = value.strip()
+        out[key.strip()] = int(value) if value.lstrip("-").isdigit() else {"true": True, "false": False}.get(value, value)
+    return out

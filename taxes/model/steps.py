@@ -1,0 +1,273 @@
+"""The steps one rank runs per iteration of each workload's variants, as the model prices them: kernels
+and collectives, each a sum of labelled parts (taxes.model.predict places them in time and adds them up).
+docs/model.md gives every formula."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from taxes.model.figures import collective_us, copier_rate_bytes_per_us
+from taxes.model.floor import Floor, floor_of
+from taxes.model.hardware import HardwareProfile
+from taxes.variants import modelled
+from taxes.workloads import AgGemm, FlashDecode, GemmRs, TpMlp, Workload
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Schedule assumptions of the fused kernels (not hardware facts; docs/model.md)."""
+
+    chunks_per_peer: int = 8  # flags (pipeline chunks) per peer's shard in fused kernels
+    push_producer_sms: int = 0  # SMs a push variant gives to producer CTAs (0: copy engine produces)
+    copier_ctas: int = 16  # CTAs that move peers' rows in the fused GEMMs (the kernels' default configuration)
+
+
+@dataclass
+class Step:
+    """One kernel or collective as the model predicts it: duration = sum(parts)."""
+
+    name: str
+    role: str  # compute | communication
+    parts: dict[str, float]
+    launcher: str = "torch"  # whose host launch path issues it (taxes.model.hardware.LAUNCHERS)
+
+    @property
+    def duration_us(self) -> float:
+        return math.fsum(self.parts.values())
+
+
+# ---- building blocks, all in us ------------------------------------------------------------------
+
+
+def _hbm_us(nbytes: float, hw: HardwareProfile) -> float:
+    """Time to move bytes through HBM at the achievable (calibrated) bandwidth."""
+    return nbytes / (hw.hbm_bytes_per_us() * hw.hbm_efficiency)
+
+
+def _work_us(w: Workload, hw: HardwareProfile, efficiency: float, flops: float | None = None) -> float:
+    """A compute kernel doing the workload's local work at a fraction of peak, or HBM-bound."""
+    flops = w.flops() if flops is None else flops
+    return max(flops / (hw.peak_flops(w.dtype) * efficiency) * 1e6, _hbm_us(w.hbm_bytes(), hw))
+
+
+def _compute_step(name: str, fl: Floor, time_us: float, locality_us: float = 0.0, launcher: str = "torch") -> Step:
+    """A kernel doing the rank's work in time_us: the work's floor is ideal, the rest inefficiency; its
+    intermediate bytes' round trip (locality_us) is added: the time a fused kernel would not spend."""
+    return Step(name, "compute", {"ideal": fl.work_us, "inefficiency": time_us - fl.work_us, "locality": locality_us},
+                launcher)
+
+
+def _small_kernel_step(name: str, hw: HardwareProfile, locality_us: float, launcher: str = "triton",
+                       floor_us: float | None = None) -> Step:
+    """A combine-like kernel: its bytes are all intermediate; below its floor (the kernel floor, or a
+    combine's loop over its partial sets, hw.combine_kernel_us) it idles or waits on memory latency."""
+    floor_us = hw.kernel_floor_us if floor_us is None else floor_us
+    return Step(name, "compute", {"locality": locality_us, "inefficiency": max(0.0, floor_us - locality_us)}, launcher)
+
+
+def _collective_step(name: str, op: str, w: Workload, hw: HardwareProfile, fl: Floor, nbytes_in: float,
+                     locality_us: float, copy_bytes: float, skew_us: float) -> Step:
+    """An NCCL collective. Two or more ranks: it waits for the latest rank's start (skew_us, the start
+    skew), then moves nbytes_in at the calibrated curve's pace (collective_us); the link time no schedule
+    hides is ideal, the rest exposed transfer; its intermediate bytes' round trip is locality. One rank:
+    there is no peer, so no communication at all: NCCL copies copy_bytes into its output, a local copy
+    (read and written at the achievable HBM bandwidth, at least a kernel's floor) whose written bytes are
+    locality and whose time beyond them is the copy's inefficiency."""
+    if w.world == 1:
+        busy = max(hw.kernel_floor_us, _hbm_us(2 * copy_bytes, hw))
+        return Step(name, "communication", {"locality": locality_us,
+                                            "inefficiency": max(0.0, busy - locality_us)}, "nccl")
+    transfer = collective_us(op, nbytes_in, w.world, hw)
+    unhideable = min(fl.unhideable_link_us, transfer)
+    return Step(name, "communication", {"start_skew": skew_us, "locality": locality_us, "ideal": unhideable,
+                                        "exposed_transfer": transfer - unhideable}, "nccl")
+
+
+def _overlap(chunks: list[tuple[float, float]]) -> tuple[float, float]:
+    """Consume chunks in order: chunk i is ready at arrive_i and takes compute_i.
+    Returns (finish, time spent waiting for arrivals)."""
+    t = wait = 0.0
+    for arrive, compute in chunks:
+        if arrive > t:
+            wait += arrive - t
+            t = arrive
+        t += compute
+    return t, wait
+
+
+def _fused_step(name: str, fl: Floor, finish: float, wait: float, wait_no_skew: float, locality_us: float,
+                launcher: str = "triton_tma") -> Step:
+    """Split a fused kernel's (finish, wait) into components, by the attribution's rules.
+
+    Waiting up to the unhideable link time is part of the floor. Beyond it, the share a late peer's start
+    causes (the wait with the start skew less the wait without) is start skew, and the rest the kernel's
+    own wait on its peers' data: sync wait (the attribution's in-kernel wait). Compute beyond the floor
+    that the wait did not hide is kernel inefficiency."""
+    excess_wait = max(0.0, wait - fl.unhideable_link_us)
+    skew = min(max(0.0, wait - wait_no_skew), excess_wait)
+    return Step(name, "compute", {
+        "ideal": fl.ideal_us,
+        "start_skew": skew,
+        "sync_wait": excess_wait - skew,
+        "inefficiency": finish - fl.ideal_us - excess_wait,
+        "locality": locality_us,
+    }, launcher)
+
+
+# ---- the workloads' steps --------------------------------------------------------------------------
+# Each builder gets skew_us: the ranks' start skew still to be absorbed (the first step that waits for a
+# peer absorbs it; after it the ranks go in step).
+
+
+def _ag_gemm_steps(w: AgGemm, variant: str, hw: HardwareProfile, fl: Floor, opt: ModelOptions,
+                   skew_us: float) -> list[Step]:
+    half = _hbm_us(w.intermediate_bytes(variant) / 2, hw)  # written once, read once
+    v = modelled(w.name, variant)
+    if v.bulk_synchronous:
+        return [
+            _collective_step("all_gather", "all_gather", w, hw, fl, w.link_bytes(), half,
+                             w.M // w.world * w.K * w.elt, skew_us),
+            _compute_step("matmul", fl, _work_us(w, hw, hw.matmul_efficiency), locality_us=half),
+        ]
+    p = w.world
+    push = v.producer == "push"
+    sm_share = hw.sm_count / (hw.sm_count - opt.push_producer_sms) if push else 1.0
+    compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share
+    n = (p - 1) * opt.chunks_per_peer
+    rate = copier_rate_bytes_per_us(hw, p, opt.copier_ctas, push) if p > 1 else math.inf
+    signal = hw.link_latency_us + (hw.flag_round_trip_us / 2 if push else 0.0)
+
+    def run(skew: float) -> tuple[float, float]:
+        # The local shard first (ready at once), then peer chunks in order of arrival.
+        chunks = [(0.0, compute / p)]
+        chunks += [(skew + signal + (i + 1) * w.link_bytes() / n / rate, compute * (p - 1) / p / n) for i in range(n)]
+        return _overlap(chunks)
+
+    finish, wait = run(skew_us)
+    _, wait0 = run(0.0)
+    return [_fused_step(f"ag_gemm_{variant.replace('-', '_')}", fl, finish, wait, wait0, 2 * half)]
+
+
+def _gemm_rs_steps(w: GemmRs, variant: str, hw: HardwareProfile, fl: Floor, opt: ModelOptions,
+                   skew_us: float) -> list[Step]:
+    half = _hbm_us(w.intermediate_bytes(variant) / 2, hw)
+    v = modelled(w.name, variant)
+    if v.bulk_synchronous:
+        return [
+            _compute_step("matmul", fl, _work_us(w, hw, hw.matmul_efficiency), locality_us=half),
+            _collective_step("reduce_scatter", "reduce_scatter", w, hw, fl, w.link_bytes(), half,
+                             w.M * w.N * w.elt, skew_us),
+        ]
+    p = w.world
+    push = v.producer == "push"
+    sm_share = hw.sm_count / (hw.sm_count - opt.push_producer_sms) if push else 1.0
+    compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share
+    n = (p - 1) * opt.chunks_per_peer  # chunks of the peers' row blocks, computed first
+    chunk_c, chunk_bytes = compute / p / opt.chunks_per_peer, w.link_bytes() / max(n, 1)
+    rate = hw.inbound_bytes_per_us(p) * hw.p2p_efficiency  # every GEMM CTA stores its peers' tiles
+    signal = hw.link_latency_us + (hw.flag_round_trip_us / 2 if push else 0.0)
+
+    def run(skew: float) -> tuple[float, float]:
+        # Compute the peers' blocks chunk by chunk; each goes out over the link as soon as it is done.
+        # By symmetry the chunks for this rank's own block arrive when ours arrive at the peers.
+        link_free, arrivals = 0.0, []
+        for i in range(n):
+            done = (i + 1) * chunk_c
+            link_free = max(done, link_free) + chunk_bytes / rate
+            arrivals.append(skew + link_free + signal)
+        # Then this rank's own block, chunk by chunk: compute its partial, wait for the peers' partials
+        # of the same rows (the last peer's chunk for those rows), reduce.
+        start = n * chunk_c
+        own = [(arrivals[min(n - 1, (p - 2) * opt.chunks_per_peer + k)] if n else 0.0, chunk_c) for k in range(opt.chunks_per_peer)]
+        t, wait = _overlap([(start, 0.0)] + own)
+        return t, wait - start
+
+    finish, wait = run(skew_us)
+    _, wait0 = run(0.0)
+    return [_fused_step(f"gemm_rs_{variant.replace('-', '_')}", fl, finish, wait, wait0, 2 * half)]
+
+
+def _flash_decode_steps(w: FlashDecode, variant: str, hw: HardwareProfile, fl: Floor, opt: ModelOptions,
+                        skew_us: float) -> list[Step]:
+    """One launch decodes the rank's KV (its splits' partials merged by the last program of each group);
+    bsp then all-gathers the packed partials and combines them; fused pushes them from the decode and one
+    combine kernel merges the peers' as they arrive."""
+    p, part = w.world, w.partial_bytes()
+    splits = w.kv_splits(hw.sm_count)
+    split_io = splits * part  # the splits' partials, written then read by the group's last program
+    v = modelled(w.name, variant)
+    bsp = v.bulk_synchronous
+    # bsp: the group's last program also writes the rank's packed partial for the all-gather
+    decode = _compute_step("local_decode", fl, _work_us(w, hw, hw.matmul_efficiency),
+                           _hbm_us(2 * split_io + (part if bsp else 0.0), hw), launcher="triton")
+    if bsp:
+        return [
+            decode,
+            _collective_step("all_gather_partials", "all_gather", w, hw, fl, w.link_bytes(),
+                             _hbm_us(part + p * part, hw), part, skew_us),
+            _small_kernel_step("global_combine", hw, _hbm_us(p * part, hw), floor_us=hw.combine_kernel_us(p)),
+        ]
+    push = v.producer == "push"
+    locality = _hbm_us(2 * (p - 1) * part, hw)
+    combine = Step(f"combine_{variant.replace('-', '_')}", "compute", {
+        "locality": locality,
+        "inefficiency": max(0.0, hw.combine_kernel_us(p) - locality),  # merges the p partials
+    }, "triton")
+    if p > 1:  # it waits for the peers: a late peer's start, then their partials' transfer
+        rate = hw.inbound_bytes_per_us(p) * hw.p2p_efficiency  # the decode's last programs store to the peers
+        transfer = w.link_bytes() / rate + hw.link_latency_us + (hw.flag_round_trip_us / 2 if push else hw.flag_round_trip_us)
+        unhideable = min(fl.unhideable_link_us, transfer)
+        combine.parts.update(start_skew=skew_us, ideal=unhideable, sync_wait=transfer - unhideable)
+    return [decode, combine]
+
+
+def _tp_mlp_steps(w: TpMlp, variant: str, hw: HardwareProfile, fl: Floor, opt: ModelOptions,
+                  skew_us: float) -> list[Step]:
+    """The ag-gemm steps for (M, 2F, H), the activation, the gemm-rs steps for (M, H, F).
+
+    The activation is all intermediate traffic (a _small_kernel_step): the SwiGLU kernel reads Y1 and
+    writes Z; torch's F.silu(g) * u is modelled as its two kernels, silu (reads the gate half, writes a
+    temporary) and mul (reads the temporary and the up half, writes Z). The first GEMM's write of Y1 and
+    the second's read of Z are added to those steps as locality too, so the layer's locality is
+    TpMlp.intermediate_bytes / HBM bandwidth. The first part absorbs the ranks' start skew; the second
+    starts in step. Each part's steps are split against the part's own floor; the layer's floor is lower
+    (each part's link time counts as unhideable on its own; Y1 and Z count as the parts' essential bytes),
+    so the ideal shares are scaled down to the layer's floor and the rest charged to the same step:
+    exposed transfer for a collective, inefficiency for a kernel."""
+    part = modelled(w.name, variant).part
+    ag_w, rs_w = w.parts()
+    ag_steps = _ag_gemm_steps(ag_w, part, hw, floor_of(ag_w, hw), opt, skew_us)
+    rs_steps = _gemm_rs_steps(rs_w, part, hw, floor_of(rs_w, hw), opt, 0.0)
+    y1, z = w.y1_bytes(), w.z_bytes()
+    gemm1, gemm2 = ag_steps[-1], rs_steps[0]
+    gemm1.parts["locality"] += _hbm_us(y1, hw)
+    gemm2.parts["locality"] += _hbm_us(z, hw)
+    if modelled(w.name, variant).bulk_synchronous:
+        gemm1.name, gemm2.name = "matmul1", "matmul2"
+        activation = [_small_kernel_step("silu", hw, _hbm_us(y1 / 2 + z, hw), "torch"),
+                      _small_kernel_step("mul", hw, _hbm_us(z + y1 / 2 + z, hw), "torch")]
+    else:
+        activation = [_small_kernel_step("swiglu", hw, _hbm_us(y1 + z, hw))]
+    steps = ag_steps + activation + rs_steps
+    _rescale_ideal(steps, fl.ideal_us)
+    return steps
+
+
+def _rescale_ideal(steps: list[Step], ideal_us: float) -> None:
+    """Scale the steps' ideal parts down to add up to ideal_us, charging what is taken off to the same
+    step (each step keeps its duration). Steps whose ideal adds up to less are left alone."""
+    total = math.fsum(s.parts.get("ideal", 0.0) for s in steps)
+    if total <= ideal_us:
+        return
+    keep = ideal_us / total
+    for s in steps:
+        ideal = s.parts.get("ideal", 0.0)
+        moved = ideal * (1.0 - keep)
+        s.parts["ideal"] = ideal - moved
+        charge = "exposed_transfer" if s.role == "communication" else "inefficiency"
+        s.parts[charge] = s.parts.get(charge, 0.0) + moved
+
+
+STEPS = {"ag-gemm": _ag_gemm_steps, "gemm-rs": _gemm_rs_steps, "flash-decode": _flash_decode_steps,
+          "tp-mlp": _tp_mlp_steps}
