@@ -516,7 +516,7 @@ def timeline_figures(acts: pd.DataFrame, lo: float | None = None, hi: float | No
 
 def analysis_document(an: Analysis) -> dict:
     """A taxes.result document: one case (workload 'trace') with one variant. samples_us: each rank's span
-    per kept step; components: the attribution rows (taxes.attribution.attribute.ROWS) per rank and overall (rank null:
+    per kept step; components: the attribution rows (taxes.attribution.rows.ROWS) per rank and overall (rank null:
     per step the slowest rank's rows), interquartile means over the kept steps, adding up to
     attributed_e2e_us; plain_e2e_us and measurement_cost_us when plain step times were given. The full
     frames go under the top-level key trace_analysis (docs/analyze.md: the JSON contract)."""

@@ -18,7 +18,7 @@ from taxes.errors import TaxesError
 
 
 def iteration_rows(doc: dict, case: dict, variant: dict) -> pd.DataFrame | None:
-    """One row per iteration (step, span_us and taxes.attribution.attribute.ROWS), or None when the document keeps no
+    """One row per iteration (step, span_us and taxes.attribution.rows.ROWS), or None when the document keeps no
     per-iteration record of this variant (model documents, documents measured under older rules, or a
     hardware profile that does not load here)."""
     if doc["metadata"].get("kind") != "profile" or not (variant.get("attribution") or {}).get("available"):

@@ -5,7 +5,7 @@ Per variant (beside what every document holds, taxes.documents.results):
     attributed_e2e_us    the same statistic of the instrumented iterations: what the rows add up to
     measurement_cost_us  attributed - plain, its own row, never spread into a tax; over 3% of plain E2E
                          marks the variant `perturbed`
-    components           the rows (taxes.attribution.attribute.ROWS) per rank and overall (rank null: per iteration
+    components           the rows (taxes.attribution.rows.ROWS) per rank and overall (rank null: per iteration
                          the slowest rank's rows), averaged over the interquartile iterations
     records              every rank's raw records of the chosen clock (taxes.traces.records.raw_to_columns), so
                          `taxes report --hardware` can assemble and attribute them again
