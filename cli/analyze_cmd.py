@@ -59,7 +59,7 @@ def sections(an) -> list[tuple[str, list[str], list[list[str]]]]:
                     [[_short(x.key, 40), _short(x.name, 40), str(x.step), x.source, str(x.n_ranks), "yes" if x.matched else "NO",
                       _fmt(x.skew_us), str(x.slowest_rank) if x.matched else "-", _fmt(x.max_wait_us)]
                      for x in inst.itertuples(index=False)][:MAX_ROWS]))
-        from taxes.attribution.analyze import untrusted
+        from taxes.documents.analysis_document import untrusted
 
         st = an.stragglers
         doubt = untrusted(an)
@@ -89,7 +89,7 @@ def report_view(doc: dict, an, images: bool) -> dict:
     """What every view of the analysis shows first (taxes.reports.render.html_view), with the rows the traces
     cannot support reading "not measured" wherever they appear, a NOT MEASURED mark naming what to record to
     get them, and an UNTRUSTED mark when the record cost more than taxes.attribution.analyze.UNTRUSTED of the plain step."""
-    from taxes.attribution.analyze import untrusted
+    from taxes.documents.analysis_document import untrusted
     from taxes.attribution.attribute import TAXES
     from taxes.reports import render
     from taxes.reports.plots import COMPONENT_TITLES
@@ -221,6 +221,7 @@ def analyze(traces, hardware_name, plain_file, comm_patterns, patterns_file, exe
     """Split every step of torch.profiler TRACES (one .json or .json.gz per rank, of any PyTorch program)
     into compute and the taxes, per rank."""
     from taxes.attribution import analyze as A
+    from taxes.documents.analysis_document import analysis_document
     from taxes.traces.classify import read_patterns_file
     from taxes.documents.io import STDOUT, check_output, write_output
     from taxes.documents.results import dumps
@@ -239,7 +240,7 @@ def analyze(traces, hardware_name, plain_file, comm_patterns, patterns_file, exe
                    keep_timelines=True if perfetto_out else None)
     for w in an.warnings:
         click.echo(f"taxes: warning: {w}", err=True)
-    doc = A.analysis_document(an)
+    doc = analysis_document(an)
     if perfetto_out:
         from taxes.reports import perfetto
 

@@ -20,7 +20,7 @@ import pandas as pd
 
 from taxes.traces.classify import BUILTIN_RULES, classify
 from taxes.errors import TaxesError
-from taxes.traces.timeline import Timeline, api_kind, merge, timeline
+from taxes.traces.timeline import EXTRA_COLUMNS, Timeline, api_kind, merge, timeline
 from taxes.traces.stream import TraceStream, one_line
 
 MAX_RANK = 65535  # the result schema's bound: ranks 0..65535, worlds up to 65536
@@ -485,8 +485,8 @@ def to_timeline(events: pd.DataFrame, rank: int, rule_set=BUILTIN_RULES, unlaunc
     acts = acts.sort_values(["start_us", "end_us"], kind="stable").reset_index(drop=True)
     tl = timeline(rank, acts, launches, pd.concat([h for h in host if len(h)], ignore_index=True) if any(len(h) for h in host)
                   else None, None, {"source": "torch.profiler", **{k: v for k, v in events.attrs.get("trace", {}).items()
-                                                                  if k in ("devices", "world_size", "path")}})
-    tl.extra = acts[["device", "ext_id", "launch_tid", "launch_us", "launch_api", "pg", "seq"]].reset_index(drop=True)
+                                                                  if k in ("devices", "world_size", "path")}},
+                  extra=acts[list(EXTRA_COLUMNS)])
     return tl
 
 
