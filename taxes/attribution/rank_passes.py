@@ -19,7 +19,8 @@ from taxes.attribution.locality import rank_pairs
 from taxes.traces.checks import repair_events
 from taxes.traces.classify import rules
 from taxes.traces.collectives import instance_keys
-from taxes.traces.kineto import load_trace, to_timeline
+from taxes.traces.kineto import load_trace
+from taxes.traces.kineto_timeline import to_timeline
 from taxes.traces.steps import assign_steps, host_steps, iteration_windows, repeating_iterations, step_windows
 from taxes.traces.stream import one_line
 from taxes.traces.timeline import merge, shifted
