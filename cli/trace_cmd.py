@@ -40,9 +40,11 @@ def trace(ctx, out_dir, steps, plain_steps, block, skip, signal, hardware_name, 
     """Run COMMAND (a Python program, or torchrun ... for one trace per rank) with torch.profiler switched on
     from outside over a schedule of steps, time the same kind of steps without it, and analyze the traces:
     the three taxes of any PyTorch program, and what measuring cost."""
-    from taxes.run import trace as T
-    from taxes.cli.analyze_cmd import analyze
+    from taxes.attribution import analyze as A
+    from taxes.cli.analyze_cmd import write_report
+    from taxes.documents.analysis_document import analysis_document
     from taxes.documents.io import write_output
+    from taxes.run import trace as T
 
     cmd = T.python_module_command(list(command))
     res = T.run(cmd, out_dir, steps=steps, plain=plain_steps, skip=skip, signal=signal, timeout_s=timeout_s,
@@ -56,7 +58,9 @@ def trace(ctx, out_dir, steps, plain_steps, block, skip, signal, hardware_name, 
         click.echo(f"taxes: warning: the program exited with {res['returncode']}; the traces are analysed anyway",
                    err=True)
     try:
-        ctx.invoke(analyze, traces=tuple(res["traces"]), hardware_name=hardware_name, plain_file=plain_path, fmt=fmt,
-                   output=report, force=True)
+        an = A.analyze(list(res["traces"]), hardware_name, plain_steps=A.read_plain(plain_path))
+        for w in an.warnings:
+            click.echo(f"taxes: warning: {w}", err=True)
+        write_report(analysis_document(an), fmt, report, force=True)
     except TaxesError as e:
         raise TaxesError(f"trace: analyze: {e}") from None
