@@ -85,8 +85,6 @@ class Analysis:
     phases: list = field(default_factory=list)  # the device activities of the step closest to the statistic
 
 
-
-
 def _execution_traces(paths: list[str], given) -> dict:
     """{trace path: execution trace path}: given as {trace path: et} (each must be a readable file), or
     found beside the trace as NAME.et.json[.gz] for NAME.json[.gz]."""
@@ -358,5 +356,3 @@ def _phase_step(rows: pd.DataFrame, kept: list, summary: dict):
         return None
     ov = rows[rows["step"].isin(kept)].groupby("step")["span_us"].max()
     return (ov - summary["e2e_us"]).abs().idxmin()
-
-

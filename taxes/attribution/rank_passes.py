@@ -86,7 +86,6 @@ def analyze_rank(path: str, patterns: tuple = (), et_path: str | None = None, si
             "how": how, "device": device, "warnings": warnings, "locality_evidence": evidence}
 
 
-
 def rank_tables(res: dict) -> dict:
     """What every rank's record must be seen together for: its facts, its keyed collectives (activity ->
     key, start, end, name, step, source), its activity span, communication by rule, its intermediates."""
@@ -104,7 +103,6 @@ def rank_tables(res: dict) -> dict:
                                           "activities": by_rule["count"].values.astype(int), "us": by_rule["sum"].values})}
 
 
-
 def shift_rank(res: dict, offset_us: float) -> dict:
     """The rank's record on the common clock (its timeline and host segments), shifted once: a new record,
     `res` left as it was."""
@@ -115,7 +113,6 @@ def shift_rank(res: dict, offset_us: float) -> dict:
     return {**res, "offset_us": offset_us, "timeline": shifted(res["timeline"], offset_us), "segments": segments}
 
 
-
 def attribute_part(res: dict, waits: pd.Series, locality_bytes: dict, us_per_byte: float | None,
                    late_windows: pd.DataFrame) -> dict:
     """The rank's windows attributed (its collectives' waits given), the host frames of its host-bound gaps,
@@ -124,7 +121,6 @@ def attribute_part(res: dict, waits: pd.Series, locality_bytes: dict, us_per_byt
     rows, gaps, notes = att.attribute_rank(tl, waits, locality_bytes=locality_bytes, us_per_byte=us_per_byte)
     return {"rows": rows, "gaps": gaps, "notes": notes, "frames": host_frames(res["segments"], gaps).assign(rank=res["rank"]),
             "where": late.where_late(tl.activities, tl.extra, res["segments"], late_windows)}
-
 
 
 def step_activities(res: dict, step, limit: int = 400) -> list[dict]:
@@ -141,10 +137,8 @@ def step_activities(res: dict, step, limit: int = 400) -> list[dict]:
              "parts": {}} for x in a.itertuples(index=False)]
 
 
-
 def timeline_of(res: dict):
     return res["timeline"]
-
 
 
 def host_frames(segments: dict, gaps: pd.DataFrame, top: int = TOP_FRAMES) -> pd.DataFrame:
@@ -165,8 +159,6 @@ def host_frames(segments: dict, gaps: pd.DataFrame, top: int = TOP_FRAMES) -> pd
     return out.sort_values(["step", "us"], ascending=[True, False]).groupby("step").head(top).reset_index(drop=True)
 
 
-
 def _short_kernel(name: str) -> str:
     base = name.split("(")[0].split("<")[0]
     return base if len(base) <= 40 else base[:37] + "..."
-

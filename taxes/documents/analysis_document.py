@@ -65,10 +65,8 @@ def analysis_document(an: Analysis) -> dict:
     return doc
 
 
-
 def _measured(v) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v))
-
 
 
 def untrusted(an: Analysis) -> str | None:
@@ -81,10 +79,8 @@ def untrusted(an: Analysis) -> str | None:
             "and exposed transfer describe the recorded run, not the program; not to be trusted")
 
 
-
 def _records(frame: pd.DataFrame) -> list[dict]:
     return json.loads(frame.to_json(orient="records", double_precision=15)) if len(frame) else []
-
 
 
 def _frames_for_json(an: Analysis) -> dict:
@@ -103,4 +99,3 @@ def _frames_for_json(an: Analysis) -> dict:
         "host_frames": _records(an.host_frames), "flagged_steps": {str(k): v for k, v in an.flags.items()},
         "kept_steps": [int(x) for x in an.kept_steps], "windows": {str(r): h for r, h in an.windows_how.items()},
         "hardware_source": an.hardware_source, "warnings": list(an.warnings)}
-
