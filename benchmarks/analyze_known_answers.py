@@ -54,6 +54,7 @@ import sys
 from pathlib import Path
 
 from taxes.attribution import analyze as A
+from taxes.documents import analysis_document as D
 from taxes.attribution.attribute import iqm as _iqm  # the interquartile mean of docs/method.md
 from taxes.documents.io import write_output
 from taxes.documents.provenance import collect
@@ -69,7 +70,7 @@ def rows_of(run_dir: Path, hardware: str) -> dict:
     traces = sorted(str(p) for p in run_dir.glob("rank*.json.gz") if not p.name.endswith(".et.json.gz"))
     plain = A.read_plain(run_dir / "plain.json")
     an = A.analyze(traces, hardware, plain_steps=plain)
-    doc = A.analysis_document(an)
+    doc = D.analysis_document(an)
     v = doc["cases"][0]["variants"][0]
     rows = {c["name"]: c["value_us"] for c in v["components"] if c["rank"] is None}
     log = run_dir.with_suffix(".log")

@@ -46,9 +46,11 @@ def trace(ctx, out_dir, out_alias, output, force, steps, plain_steps, block, ski
     """Run COMMAND (a Python program, or torchrun ... for one trace per rank) with torch.profiler switched on
     from outside over a schedule of steps, time the same kind of steps without it, and analyze the traces:
     the three taxes of any PyTorch program, and what measuring cost."""
-    from taxes.run import trace as T
-    from taxes.cli.analyze_cmd import analyze
+    from taxes.attribution import analyze as A
+    from taxes.cli.analyze_cmd import write_report
+    from taxes.documents.analysis_document import analysis_document
     from taxes.documents.io import check_output, write_output
+    from taxes.run import trace as T
 
     out_dir = out_alias or out_dir  # --out: the older spelling of --out-dir
     check_output(output, force)
@@ -64,7 +66,9 @@ def trace(ctx, out_dir, out_alias, output, force, steps, plain_steps, block, ski
         click.echo(f"taxes: warning: the program exited with {res['returncode']}; the traces are analysed anyway",
                    err=True)
     try:
-        ctx.invoke(analyze, traces=tuple(res["traces"]), hardware_name=hardware_name, plain_file=plain_path, fmt=fmt,
-                   output=report, force=force if output else True)
+        an = A.analyze(list(res["traces"]), hardware_name, plain_steps=A.read_plain(plain_path))
+        for w in an.warnings:
+            click.echo(f"taxes: warning: {w}", err=True)
+        write_report(analysis_document(an), fmt, report, force=force if output else True)
     except TaxesError as e:
         raise TaxesError(f"trace: analyze: {e}") from None

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from kineto_build import AG, AR, MM, T0, TRITON, Op, Program, add_launch, add_op, add_step, new_trace, write_trace
 
 from taxes.attribution import analyze as A
+from taxes.documents import analysis_document as D
 from taxes.traces import kineto
 from taxes.attribution.attribute import ROWS
 from taxes.errors import TaxesError
@@ -85,9 +86,9 @@ def test_plain_and_gzip_traces_load_the_same(tmp_path):
     import pandas as pd
 
     tr = tp_rank_trace(0)
-    plain = A.load_trace(write_trace(tr, tmp_path / "a.json"))
-    gz = A.load_trace(write_trace(tr, tmp_path / "b.json.gz"))
-    odd_name = A.load_trace(write_trace(tr, tmp_path / "c.trace", gz=True))  # gzip told by content, not name
+    plain = kineto.load_trace(write_trace(tr, tmp_path / "a.json"))
+    gz = kineto.load_trace(write_trace(tr, tmp_path / "b.json.gz"))
+    odd_name = kineto.load_trace(write_trace(tr, tmp_path / "c.trace", gz=True))  # gzip told by content, not name
     pd.testing.assert_frame_equal(plain, gz)
     pd.testing.assert_frame_equal(plain, odd_name)
     assert plain.attrs["trace"]["rank"] == 0 and plain.attrs["trace"]["world_size"] == 2
@@ -102,9 +103,9 @@ def test_streaming_reads_what_json_reads(tmp_path, monkeypatch):
     tr = tp_rank_trace(1, steps=2)
     tr["doc"]["traceName"] = "after the events"
     path = write_trace(tr, tmp_path / "r.json")
-    whole = A.load_trace(path)
+    whole = kineto.load_trace(path)
     monkeypatch.setattr(tracestream, "CHUNK_BYTES", 7)
-    small = A.load_trace(path)
+    small = kineto.load_trace(path)
     import pandas as pd
 
     pd.testing.assert_frame_equal(whole, small)
@@ -199,19 +200,19 @@ def test_truncated_files_are_one_line_errors(tmp_path_factory, cut):
         path = tmp / name
         path.write_bytes(blob[: int(len(blob) * cut)])
         with pytest.raises(TaxesError) as e:
-            A.load_trace(path)
+            kineto.load_trace(path)
         assert_one_line(str(e.value))
 
 
 def test_unreadable_paths_and_the_size_limit(tmp_path, monkeypatch):
     for path, words in ((tmp_path / "missing.json", "no such file"), (tmp_path, "a directory")):
         with pytest.raises(TaxesError, match=words) as e:
-            A.load_trace(path)
+            kineto.load_trace(path)
         assert_one_line(str(e.value))
     big = write_trace(tp_rank_trace(0), tmp_path / "big.json.gz")
     monkeypatch.setattr(kineto, "MAX_TRACE_BYTES", 1000)
     with pytest.raises(TaxesError, match="larger than"):
-        A.load_trace(big)
+        kineto.load_trace(big)
 
 
 # ---- ranks and jobs ----------------------------------------------------------------------------------
@@ -219,11 +220,11 @@ def test_unreadable_paths_and_the_size_limit(tmp_path, monkeypatch):
 
 def test_rank_comes_from_distributed_info_then_the_file_name(tmp_path):
     named = write_trace(tp_rank_trace(1), tmp_path / "rank5.json")
-    assert A.load_trace(named).attrs["trace"]["rank"] == 1
+    assert kineto.load_trace(named).attrs["trace"]["rank"] == 1
     for fname, rank in (("rank3.json", 3), ("trainer_Rank-7.pt.trace.json.gz", 7), ("trace.json", None)):
         tr = tp_rank_trace(0)
         del tr["doc"]["distributedInfo"]
-        assert A.load_trace(write_trace(tr, tmp_path / fname)).attrs["trace"]["rank"] == rank
+        assert kineto.load_trace(write_trace(tr, tmp_path / fname)).attrs["trace"]["rank"] == rank
 
 
 def test_rank_conflicts_are_one_line_errors(tmp_path):
@@ -290,7 +291,7 @@ def test_parallel_and_serial_parsing_agree(tmp_path):
 def test_cpu_only_traces_are_refused_in_one_line():
     paths = sorted((DATA / "cpu").glob("rank*.json.gz"))
     assert len(paths) == 2
-    ev = A.load_trace(paths[0])
+    ev = kineto.load_trace(paths[0])
     assert ev.attrs["trace"]["backend"] == "gloo" and list(kineto.profiler_steps(ev)["step"]) == [2, 3, 4, 5]
     with pytest.raises(TaxesError, match="no GPU activity") as e:
         A.analyze(paths)
@@ -305,7 +306,7 @@ def test_gpu_name_selects_the_hardware_profile_and_versions_come_from_the_trace(
     tr["doc"]["torch_version"] = "2.11.0+cu130"
     an = A.analyze([write_trace(tr, tmp_path / "rank0.json")])
     assert an.hardware == "b200" and "NVIDIA B200" in an.hardware_source
-    doc = A.analysis_document(an)
+    doc = D.analysis_document(an)
     assert doc["metadata"]["hardware_profile"] == "b200" and doc["metadata"]["torch_version"] == "2.11.0+cu130"
     assert doc["metadata"]["cuda_version"] == "12.8" and doc["metadata"]["gpu_names"] == ["NVIDIA B200"]
     given = A.analyze([write_trace(tr, tmp_path / "g" / "rank0.json")], hardware="h100-sxm")
@@ -313,7 +314,7 @@ def test_gpu_name_selects_the_hardware_profile_and_versions_come_from_the_trace(
     unknown = A.analyze([write_trace(tp_rank_trace(0, world=1, gpu="Tesla V100-SXM2-16GB"), tmp_path / "v" / "rank0.json")])
     assert unknown.hardware is None and any("unknown GPU" in w and "--hardware" in w for w in unknown.warnings)
     assert unknown.decomposition["locality"].isna().all() and "--hardware" in unknown.not_measured["locality"]
-    assert A.analysis_document(unknown)["metadata"]["hardware_profile"] == "none"
+    assert D.analysis_document(unknown)["metadata"]["hardware_profile"] == "none"
 
 
 def test_activities_launched_before_profiling_are_not_charged_to_the_first_step(tmp_path):
@@ -339,7 +340,7 @@ def test_warm_up_and_outlier_steps_are_flagged_and_left_out(tmp_path):
     an = A.analyze([write_trace(tr, tmp_path / "rank0.json")])
     assert an.flags == {0: "warm-up", 7: "outlier"}
     assert 0 not in an.kept_steps and 7 not in an.kept_steps
-    doc = A.analysis_document(an)
+    doc = D.analysis_document(an)
     var = doc["cases"][0]["variants"][0]
     assert var["e2e_us"]["p90"] < 100.0  # the 0.7 ms warm-up no longer spreads the E2E
     assert var["config"]["flagged_steps"] == {"0": "warm-up", "7": "outlier"}
@@ -376,7 +377,7 @@ def test_document_json_contract(tmp_path):
     from taxes.documents import results
 
     an = A.analyze(write_tp(tmp_path), plain_steps={0: [250.0] * 3, 1: [251.0] * 3})
-    doc = json.loads(results.dumps(A.analysis_document(an)))
+    doc = json.loads(results.dumps(D.analysis_document(an)))
     results.validate(doc)
     assert doc["metadata"]["hardware_profile"] == "h100-sxm"
     var = doc["cases"][0]["variants"][0]

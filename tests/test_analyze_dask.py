@@ -18,6 +18,7 @@ from test_analyze import REAL_PATHS, write_tp
 from test_stragglers import lockstep
 
 from taxes.attribution import analyze as A
+from taxes.documents import analysis_document as D
 from taxes.attribution import ranks
 from taxes.errors import TaxesError
 
@@ -33,7 +34,7 @@ def cluster():
 
 
 def document(an) -> dict:
-    doc = A.analysis_document(an)
+    doc = D.analysis_document(an)
     for k in ("date", "git_commit", "git_dirty"):
         doc["metadata"].pop(k, None)
     return json.loads(json.dumps(doc))

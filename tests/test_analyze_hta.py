@@ -25,6 +25,7 @@ from test_analyze import (
 )
 
 from taxes.attribution import analyze as A
+from taxes.traces import kineto
 
 pytest.importorskip("hta.trace_analysis", reason="HTA (holistictraceanalysis, with psutil) is not installed")
 
@@ -48,7 +49,7 @@ def hta(paths, rounding: bool, monkeypatch):
 
     monkeypatch.setattr(hta_trace, "transform_correlation_to_index", widened)
     logging.getLogger("hta").setLevel(logging.ERROR)
-    files = {A.load_trace(p).attrs["trace"]["rank"]: str(p) for p in paths}
+    files = {kineto.load_trace(p).attrs["trace"]["rank"]: str(p) for p in paths}
     t = hta_trace.Trace(trace_files=files, trace_dir="")
     t.load_traces(include_last_profiler_step=True, use_multiprocessing=False)
     # HTA counts every event with a stream as GPU time; GPU-side annotations and sync records are not

@@ -15,6 +15,7 @@ import pytest
 from kineto_build import AR, MM, SENDRECV, Op, Program, add_launch, add_step, new_trace, write_trace
 
 from taxes.attribution import analyze as A
+from taxes.documents import analysis_document as D
 from taxes.attribution.attribute import ROWS
 from taxes.model.hardware import get_profile
 
@@ -294,7 +295,7 @@ def test_a_real_unfused_chain_pays_the_locality_its_fused_twin_does_not():
     for mode in ("eager", "compiled"):
         d = chain / mode
         an = A.analyze([str(d / "rank0.json.gz")], "h100-sxm", plain_steps=A.read_plain(d / "plain.json"))
-        docs[mode] = A.analysis_document(an)["cases"][0]["variants"][0]
+        docs[mode] = D.analysis_document(an)["cases"][0]["variants"][0]
     rows = {m: {c["name"]: c["value_us"] for c in v["components"] if c["rank"] is None} for m, v in docs.items()}
     truth = docs["eager"]["plain_e2e_us"] - docs["compiled"]["plain_e2e_us"]
     assert truth > 300  # 1 GiB more traffic: the round trip of y

@@ -11,6 +11,7 @@ import pytest
 from kineto_build import Op, Program, new_trace, write_trace
 
 from taxes.attribution import analyze as A
+from taxes.documents import analysis_document as D
 from taxes.documents import results
 
 TITLE = "data-locality tax"
@@ -43,7 +44,7 @@ def test_locality_without_tensor_identity_or_shapes_is_not_measured_in_every_vie
     an = A.analyze([trace])
     assert an.decomposition["locality"].isna().all()
     assert "execution trace" in an.not_measured["locality"] and "record_shapes" in an.not_measured["locality"]
-    doc = A.analysis_document(an)
+    doc = D.analysis_document(an)
     results.validate(doc, "analyze")
     v = doc["cases"][0]["variants"][0]
     names = {c["name"] for c in v["components"]}
@@ -74,7 +75,7 @@ def test_locality_from_shapes_is_measured_and_a_number(tmp_path):
     an = A.analyze([chain_trace(tmp_path, shapes=True)], hardware="h100-sxm")
     assert "locality" not in an.not_measured
     assert an.decomposition["locality"].notna().all() and (an.decomposition["locality"] > 0).all()
-    v = A.analysis_document(an)["cases"][0]["variants"][0]
+    v = D.analysis_document(an)["cases"][0]["variants"][0]
     assert any(c["name"] == "locality" and c["rank"] is None for c in v["components"])
 
 

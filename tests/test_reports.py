@@ -441,8 +441,9 @@ def traced_paths(tmp_path):
 
 def _analyze_document(paths) -> dict:
     from taxes.attribution import analyze as A
+    from taxes.documents import analysis_document as D
 
-    return results.loads(results.dumps(A.analysis_document(A.analyze([str(p) for p in paths]))))
+    return results.loads(results.dumps(D.analysis_document(A.analyze([str(p) for p in paths]))))
 
 
 def _host_bound_step(doc: dict) -> dict:

@@ -15,6 +15,7 @@ import pytest
 from kineto_build import AR, MM, Op, Program, add_step, new_trace, write_trace
 
 from taxes.attribution import analyze as A
+from taxes.documents import analysis_document as D
 from taxes.attribution import stragglers as late
 
 TRANSFER_US = 12.0
@@ -140,7 +141,7 @@ def test_a_record_costing_over_5_percent_marks_waits_and_stragglers_untrusted(tm
         plain = tmp_path / "plain.json"
         plain.write_text(json.dumps({"0": [plain_us] * 6, "1": [plain_us] * 6}))
         again = A.analyze(paths, plain_steps=A.read_plain(plain))
-        doubt = A.analysis_document(again)["trace_analysis"]["untrusted"]
+        doubt = D.analysis_document(again)["trace_analysis"]["untrusted"]
         assert (doubt is not None) == marked, doubt
         for fmt in ("md", "table"):
             out = tmp_path / f"r.{fmt}"

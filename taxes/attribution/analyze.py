@@ -9,11 +9,10 @@ frames where the host was elsewhere, collective instances and stragglers (taxes.
 projections (taxes.attribution.whatif), plain step times and the measurement cost, and the rows a trace cannot
 support, said to be not measured. docs/analyze.md states every rule.
 
-Per rank, in three passes that run where the rank's record lives (taxes.attribution.ranks: worker processes of this
-machine, or a Dask cluster's workers): `analyze_rank` reads the trace into the rank's record,
-`rank_tables` gives the small tables every rank's must be seen together for (collectives, locality,
-spans), and once the collectives are matched `attribute_part` attributes the rank's windows and says
-where it was late. Only those tables come back to the caller.
+Per rank, the passes of taxes.attribution.rank_passes run where the rank's record lives (taxes.attribution.ranks:
+worker processes of this machine, or a Dask cluster's workers); only their small tables come back here,
+where the ranks are seen together. The result document is made from the Analysis by
+taxes.documents.analysis_document.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -30,24 +28,20 @@ import pandas as pd
 
 from taxes.attribution import attribute as att
 from taxes.attribution import stragglers as late
-from taxes.traces.classify import rules
-from taxes.traces.collectives import check_one_job, instance_keys, instances
-from taxes.errors import TaxesError
-from taxes.traces.kineto import load_trace, name_rank, to_timeline
-from taxes.attribution.locality import rank_pairs
+from taxes.attribution.rank_passes import analyze_rank, attribute_part, rank_tables, shift_rank, step_activities, timeline_of
 from taxes.attribution.ranks import runner
-from taxes.traces.steps import assign_steps, flag_steps, host_steps, iteration_windows, repeating_iterations, step_windows
-from taxes.traces.timeline import merge
-from taxes.traces.checks import repair_events
-from taxes.traces.stream import check_regular, one_line
 from taxes.attribution.whatif import project
+from taxes.errors import TaxesError
+from taxes.traces.classify import rules
+from taxes.traces.collectives import check_one_job, instances
+from taxes.traces.kineto import name_rank
+from taxes.traces.steps import flag_steps
+from taxes.traces.stream import check_regular, one_line
+from taxes.traces.timeline import merge
 
-TRACE_WORKLOAD = "trace"  # the workload name of an analysed trace in the result document
 STATISTIC = "interquartile mean"
 RULES = "one-timeline rules 2 (taxes.attribution.attribute), trace rules 2 (taxes.attribution.analyze)"
 PERTURBED = 0.03
-UNTRUSTED = 0.05  # a record that cost more than this share of the plain step: its waits describe the record
-TOP_FRAMES = 3
 MAX_SIDE_FILE_BYTES = 64 << 20  # --plain files
 # Rows a trace cannot give without more evidence: what to record (or give) to get them.
 NO_FLOOR = ("no floor is known for an arbitrary program's kernels (taxes profile measures it for its own "
@@ -89,147 +83,6 @@ class Analysis:
     not_measured: dict = field(default_factory=dict)  # row -> why, and what to record to get it
     comm_by_rule: pd.DataFrame = field(default_factory=pd.DataFrame)  # rank, rule, activities, us
     phases: list = field(default_factory=list)  # the device activities of the step closest to the statistic
-
-
-# ---- one rank: where its trace is read ------------------------------------------------------------------
-
-
-def analyze_rank(path: str, patterns: tuple = (), et_path: str | None = None, single: bool = True,
-                 special: bool = False) -> dict:
-    """Everything one rank's trace alone tells: its timeline with steps, windows and collective keys, its
-    intermediates and the evidence they rest on, and its host events as flat segments (for the host
-    frames and the straggler's whereabouts, once the gaps and the late instances are known)."""
-    ev = load_trace(path, special)
-    ev, unlaunched_graphs, repaired = repair_events(ev, path)
-    info = ev.attrs["trace"]
-    rank = info["rank"]
-    if rank is None:
-        if not single:
-            raise one_line(f"{path}: cannot tell its rank (no distributedInfo.rank, no rankN in the file name)")
-        rank = 0
-    tl = to_timeline(ev, rank, rules(patterns), unlaunched_graphs)
-    if tl.activities.empty:
-        raise one_line(f"{path}: no GPU kernels in the trace (record it with ProfilerActivity.CUDA)")
-    acts, extra = tl.activities, tl.extra
-    launch_us = extra["launch_us"].values.astype(float)
-    steps = host_steps(tl.host)
-    warnings = [f"rank {rank}: {repaired}"] if repaired else []
-    if len(steps):
-        step_of = assign_steps(launch_us, steps)
-        windows = step_windows(step_of, acts["end_us"].values, steps)
-        how = "ProfilerStep#N marks"
-    else:
-        step_of, period = repeating_iterations(acts["name"].values, launch_us, acts["correlation"].values)
-        if period:
-            windows = iteration_windows(step_of, launch_us, acts["end_us"].values)
-            steps = windows[["step", "host_start_us", "host_end_us"]]
-            how = f"no step marks: repeating iterations of {period} launches"
-        else:
-            step_of = np.zeros(len(acts), dtype=np.int64)
-            lo, hi = float(acts["start_us"].min()), float(acts["end_us"].max())
-            windows = pd.DataFrame({"step": [0], "host_start_us": [lo], "host_end_us": [hi], "start_us": [lo], "end_us": [hi]})
-            how = ("no step marks and no repeating kernel sequence: the window is the whole trace, from the first "
-                   "GPU activity's start to the last one's end")
-        warnings.append(f"rank {rank}: {how}")
-    if info.get("inferred_launches"):
-        warnings.append(f"rank {rank}: {info['inferred_launches']} launches placed, not recorded (a timing record "
-                        "keeps no host calls: copies, memsets and graph replays carry no launch times); the idle "
-                        "before each is measured, its split between launch and host_bound estimated")
-    unlaunched = np.isnan(launch_us) & (step_of < 0)
-    if unlaunched.any() and len(steps):
-        warnings.append(f"rank {rank}: {int(unlaunched.sum())} GPU activities have no launch call in the trace "
-                        "(launched before profiling started, or from a thread it missed): charged to no step")
-    acts["step"] = step_of
-    tl.windows = windows[["step", "start_us", "end_us"]].assign(e2e_us=np.nan)
-    keys, sources = instance_keys(ev, acts, extra, steps, step_of)
-    acts["collective"] = keys
-    tl.key_source = sources
-    pairs = rank_pairs(ev, tl.host, steps, et_path).assign(rank=rank)
-    evidence = "tensor ids" if et_path else ("shapes" if ev["input_dims"].notna().any() else None)
-    dev = extra["device"].dropna()
-    idx = int(dev.mode().iloc[0]) if not dev.empty else 0
-    names = info["devices"]
-    device = names[idx] if 0 <= idx < len(names) else (names[0] if len(set(names)) == 1 and names else None)
-    return {"rank": rank, "path": str(path), "info": info, "timeline": tl, "pairs": pairs, "segments": late.host_segments(ev),
-            "how": how, "device": device, "warnings": warnings, "locality_evidence": evidence}
-
-
-def rank_tables(res: dict) -> dict:
-    """What every rank's record must be seen together for: its facts, its keyed collectives (activity ->
-    key, start, end, name, step, source), its activity span, communication by rule, its intermediates."""
-    tl = res["timeline"]
-    a = tl.activities
-    keyed = (a["comm"] != "") & (a["collective"] != "")
-    comm = a.loc[keyed, ["name", "start_us", "end_us", "comm", "collective", "step"]].assign(
-        source=np.asarray(tl.key_source, dtype=object)[keyed.values])
-    c = a[a["comm"] != ""]
-    by_rule = c.assign(dur=c["end_us"] - c["start_us"]).groupby("comm")["dur"].agg(["sum", "count"]).reset_index()
-    return {**{k: res[k] for k in ("rank", "path", "info", "device", "how", "warnings", "pairs", "locality_evidence")},
-            "comm": comm, "span": (float(a["start_us"].min()), float(a["end_us"].max())),
-            "unkeyed": int(((a["comm"] != "") & (a["collective"] == "")).sum()),
-            "comm_by_rule": pd.DataFrame({"rank": res["rank"], "rule": by_rule["comm"].values,
-                                          "activities": by_rule["count"].values.astype(int), "us": by_rule["sum"].values})}
-
-
-def shift_rank(res: dict, offset_us: float) -> None:
-    """Put the rank's record on the common clock (its timeline and host segments), once."""
-    if res.get("offset_us") is not None:
-        return
-    res["offset_us"] = offset_us
-    _shift(res["timeline"], offset_us)
-    if offset_us:
-        for tid, seg in res["segments"].items():
-            if tid != "names":
-                res["segments"][tid] = (seg[0] + offset_us, seg[1])
-
-
-def attribute_part(res: dict, waits: pd.Series, locality_bytes: dict, us_per_byte: float | None,
-                   late_windows: pd.DataFrame) -> dict:
-    """The rank's windows attributed (its collectives' waits given), the host frames of its host-bound gaps,
-    and where it spent the intervals it kept the others waiting (taxes.attribution.stragglers.where_late)."""
-    tl = res["timeline"]
-    rows, gaps, notes = att.attribute_rank(tl, waits, locality_bytes=locality_bytes, us_per_byte=us_per_byte)
-    return {"rows": rows, "gaps": gaps, "notes": notes, "frames": host_frames(res["segments"], gaps).assign(rank=res["rank"]),
-            "where": late.where_late(tl.activities, tl.extra, res["segments"], late_windows)}
-
-
-def step_activities(res: dict, step, limit: int = 400) -> list[dict]:
-    """The device activities of one step on this rank, from its window's start (the document's phases)."""
-    tl = res["timeline"]
-    w = tl.windows[tl.windows["step"] == step]
-    if w.empty:
-        return []
-    lo, hi = float(w["start_us"].iloc[0]), float(w["end_us"].iloc[0])
-    a = tl.activities
-    a = a[(a["step"] == step) & (a["end_us"] > lo) & (a["start_us"] < hi)].head(limit)
-    return [{"rank": int(res["rank"]), "name": _short_kernel(x.name), "role": "communication" if x.comm else "compute",
-             "start_us": float(max(x.start_us, lo) - lo), "end_us": float(min(x.end_us, hi) - lo), "label": "measured",
-             "parts": {}} for x in a.itertuples(index=False)]
-
-
-def timeline_of(res: dict):
-    return res["timeline"]
-
-
-def host_frames(segments: dict, gaps: pd.DataFrame, top: int = TOP_FRAMES) -> pd.DataFrame:
-    """Per step: the host events (cpu ops, annotations, Python frames) whose own time (the innermost event
-    at each instant) filled the intervals where the host was elsewhere before a host-bound gap, largest
-    first; "(no host event recorded)" for the time no event covers."""
-    cols = ["step", "frame", "us"]
-    hb = gaps[(gaps["cause"] == "host") & gaps["host_start_us"].notna()] if not gaps.empty else gaps
-    if hb.empty:
-        return pd.DataFrame(columns=cols)
-    rows = []
-    for (tid, step), g in hb.groupby(["tid", "step"], sort=False):
-        ga, gb = merge(g["host_start_us"].values.astype(float), g["host_end_us"].values.astype(float))
-        for name, us in late.frames_in(segments.get(tid), segments.get("names"), ga, gb).items():
-            rows.append((step, name, us))
-    out = pd.DataFrame(rows, columns=cols)
-    out = out[out["us"] > 1e-6].groupby(["step", "frame"], as_index=False)["us"].sum()
-    return out.sort_values(["step", "us"], ascending=[True, False]).groupby("step").head(top).reset_index(drop=True)
-
-
-# ---- all ranks ----------------------------------------------------------------------------------------
 
 
 def _execution_traces(paths: list[str], given) -> dict:
@@ -316,7 +169,7 @@ def analyze(paths, hardware: str | None = None, plain_steps: dict | None = None,
         spans = {r: None if offsets[r] is None else (t["span"][0] + offsets[r], t["span"][1] + offsets[r])
                  for r, t in by_rank.items()}
         warnings += check_one_job(infos, devices, spans)
-        run.each(shift_rank, handles, [(offsets[r] or 0.0,) for r in ranks])
+        handles = run.then(shift_rank, handles, [(offsets[r] or 0.0,) for r in ranks])
         world = max([i.get("world_size") or 0 for i in infos.values()] + [max(by_rank) + 1])  # both bounded by the reader
         missing = first_missing(ranks, world)
         if missing:
@@ -421,16 +274,6 @@ def _clock_offsets(infos: dict) -> dict:
     return {r: ((ns - first) / 1000.0 if ns else (0.0 if not known else None)) for r, ns in absolute.items()}
 
 
-def _shift(tl, dt: float) -> None:
-    if not dt:
-        return
-    for f, cols in ((tl.activities, ("start_us", "end_us")), (tl.launches, ("start_us", "end_us")),
-                    (tl.host, ("start_us", "end_us")), (tl.windows, ("start_us", "end_us"))):
-        for c in cols:
-            f[c] = f[c] + dt
-    tl.extra["launch_us"] = tl.extra["launch_us"] + dt
-
-
 def _graph_gap_us(hw, gaps: pd.DataFrame) -> float:
     """The gap a CUDA graph leaves between its kernels: the hardware profile's, else the median of the
     trace's own graph gaps, else 0."""
@@ -511,103 +354,9 @@ def timeline_figures(acts: pd.DataFrame, lo: float | None = None, hi: float | No
             "comm_us": comm_us, "exposed_comm_us": exposed, "overlap_us": comm_us - exposed}
 
 
-# ---- the result document ----------------------------------------------------------------------------
-
-
-def analysis_document(an: Analysis) -> dict:
-    """A taxes.result document: one case (workload 'trace') with one variant. samples_us: each rank's span
-    per kept step; components: the attribution rows (taxes.attribution.rows.ROWS) per rank and overall (rank null:
-    per step the slowest rank's rows), interquartile means over the kept steps, adding up to
-    attributed_e2e_us; plain_e2e_us and measurement_cost_us when plain step times were given. The full
-    frames go under the top-level key trace_analysis (docs/analyze.md: the JSON contract)."""
-    from taxes.documents import results
-
-    ranks = sorted(an.ranks)
-    d = an.decomposition.set_index(["rank", "step"])
-    samples = [[float(d.loc[(r, s), "span_us"]) for s in an.kept_steps] for r in ranks]
-    s = an.summary
-    comps = []  # a row the trace cannot support is left out (not_measured says why), never written as 0
-    for r, vals in sorted(s.get("per_rank", {}).items()):
-        comps += [{"name": k, "rank": int(r), "value_us": float(vals[k]), "label": att.LABELS[k]} for k in att.ROWS
-                  if _measured(vals.get(k))]
-    comps += [{"name": k, "rank": None, "value_us": float(s["rows"][k]), "label": att.LABELS[k]} for k in att.ROWS
-              if _measured(s.get("rows", {}).get(k))]
-    info0 = an.info[ranks[0]]
-    meta = results.collect_metadata("profile", an.world_size, an.hardware or "none", source="trace",
-                                    hardware_source=an.hardware_source, statistic=STATISTIC,
-                                    traces={str(r): an.ranks[r] for r in ranks}, warnings=list(an.warnings))
-    meta.update({"torch_version": info0.get("torch_version"), "triton_version": info0.get("triton_version"),
-                 "cuda_version": info0.get("cuda_version") or info0.get("hip_version"),
-                 "nccl_version": info0.get("nccl_version"), "gpu_names": [an.devices[r] or "unknown" for r in ranks],
-                 "windows": {str(r): an.windows_how[r] for r in ranks},
-                 "trace_record": info0.get("record")})
-    plain = an.plain
-    cost, p = plain.get("measurement_cost_us"), plain.get("plain_e2e_us")
-    variant = {
-        "variant": "trace", "config": {"kept_steps": [int(x) for x in an.kept_steps],
-                                       "flagged_steps": {str(k): v for k, v in an.flags.items()}},
-        "correctness": {"checked": False, "passed": None, "rel_error": None, "tolerance": None, "reference": None},
-        "samples_us": samples, "e2e_us": results.summarize_samples(samples, "measured"),
-        "plain_e2e_us": p, "attributed_e2e_us": plain.get("attributed_e2e_us"), "measurement_cost_us": cost,
-        "perturbed": bool(cost is not None and p and cost > PERTURBED * p),
-        "phases": an.phases, "components": comps, "not_measured": dict(an.not_measured),
-        "attribution": {"available": True, "clock": "torch.profiler", "rules": RULES, "statistic": STATISTIC,
-                        "kept_iterations": len(s.get("kept", [])), "iterations": s.get("n", 0),
-                        "unattributed_share": (s["rows"]["unattributed"] / s["e2e_us"]) if s.get("e2e_us") else None,
-                        "unmatched_collectives": int((~an.instances["matched"]).sum()) if len(an.instances) else 0},
-    }
-    case = {"workload": TRACE_WORKLOAD, "shape": {"steps": max(1, len(an.kept_steps))}, "world": an.world_size,
-            "dtype": "n/a", "variants": [variant]}
-    doc = results.new_document(meta)
-    doc["cases"].append(case)
-    doc["trace_analysis"] = _frames_for_json(an)
-    return doc
-
-
-def _measured(v) -> bool:
-    return v is not None and not (isinstance(v, float) and math.isnan(v))
-
-
-def untrusted(an: Analysis) -> str | None:
-    """Why the bulk-synchronous rows and the straggler table are not to be trusted, or None: the record
-    cost more than UNTRUSTED of the plain step, so arrivals and waits are the recorded run's."""
-    cost, plain = an.plain.get("measurement_cost_us"), an.plain.get("plain_e2e_us")
-    if cost is None or not plain or cost <= UNTRUSTED * plain:
-        return None
-    return (f"the record cost {cost / plain:+.0%} of the plain step (over {UNTRUSTED:.0%}): arrival order, sync wait "
-            "and exposed transfer describe the recorded run, not the program; not to be trusted")
-
-
 def _phase_step(rows: pd.DataFrame, kept: list, summary: dict):
     """The kept step whose E2E (slowest rank's span) is closest to the statistic: the document's phases."""
     if not kept or summary.get("e2e_us") is None:
         return None
     ov = rows[rows["step"].isin(kept)].groupby("step")["span_us"].max()
     return (ov - summary["e2e_us"]).abs().idxmin()
-
-
-def _short_kernel(name: str) -> str:
-    base = name.split("(")[0].split("<")[0]
-    return base if len(base) <= 40 else base[:37] + "..."
-
-
-def _records(frame: pd.DataFrame) -> list[dict]:
-    return json.loads(frame.to_json(orient="records", double_precision=15)) if len(frame) else []
-
-
-def _frames_for_json(an: Analysis) -> dict:
-    keep = ["rank", "step", "start_us", "end_us", "span_us", "comm_us", "busy_us", "exposed_comm_us", *att.ROWS,
-            "locality_bytes", "launch_latency_us", "flag", "host_frames"]
-    d = an.decomposition[[c for c in keep if c in an.decomposition.columns]]
-    gaps = an.gaps.groupby(["rank", "step", "cause"])["dur_us"].agg(["sum", "count"]).reset_index() if len(an.gaps) \
-        else pd.DataFrame(columns=["rank", "step", "cause", "sum", "count"])
-    return {"decomposition": _records(d), "gaps_by_cause": _records(gaps), "what_if": [
-        {"rank": int(x.rank), "step": int(x.step), "change": x.change, "projected_us": float(x.projected_us),
-         "removed_us": float(x.removed_us), "label": "predicted"} for x in an.what_if.itertuples(index=False)],
-        "collectives": _records(an.collectives.drop(columns=["activity"], errors="ignore")),
-        "instances": _records(an.instances), "stragglers": _records(an.stragglers),
-        "communication_by_rule": _records(an.comm_by_rule.rename(columns={"activities": "kernels"})),
-        "locality": _records(an.locality), "not_measured": dict(an.not_measured), "untrusted": untrusted(an),
-        "host_frames": _records(an.host_frames), "flagged_steps": {str(k): v for k, v in an.flags.items()},
-        "kept_steps": [int(x) for x in an.kept_steps], "windows": {str(r): h for r, h in an.windows_how.items()},
-        "hardware_source": an.hardware_source, "warnings": list(an.warnings)}

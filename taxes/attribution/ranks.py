@@ -4,7 +4,8 @@ Both run the same per-rank functions (taxes.attribution.analyze). `start(fn, arg
 handles to the results, each kept where it was made: in this process for the local pool (the pool's
 workers send their results back), on the worker that made it for Dask (nothing is sent). `each(fn,
 handles, args)` runs fn(result, *args) where each result lives and brings back only what fn returns: the
-small per-rank tables. Light steps of the local pool run here, in turn; heavy ones (heavy=True) in the
+small per-rank tables. `then(fn, handles, args)` makes a new result from each the same way and returns
+handles to those (a result is never changed in place: the stage that changes it makes a new one). Light steps of the local pool run here, in turn; heavy ones (heavy=True) in the
 pool, one rank per worker.
 
 Dask is optional (`pip install 'taxes[dask]'`): it is imported only when a scheduler address is given
@@ -41,6 +42,9 @@ class LocalRanks:
 
     def each(self, fn, handles: list, args: list[tuple] | None = None, heavy: bool = False) -> list:
         return self._map(fn, [(h, *a) for h, a in zip(handles, args or [()] * len(handles))], heavy)
+
+    def then(self, fn, handles: list, args: list[tuple] | None = None) -> list:
+        return self.each(fn, handles, args)
 
     def _map(self, fn, args: list[tuple], heavy: bool) -> list:
         if not heavy or self.jobs <= 1 or len(args) <= 1:
@@ -84,6 +88,14 @@ class DaskRanks:
         finally:
             for f in futures:
                 f.release()
+
+    def then(self, fn, handles: list, args: list[tuple] | None = None) -> list:
+        futures = [self.client.submit(fn, h, *a, pure=False) for h, a in zip(handles, args or [()] * len(handles))]
+        self.held += futures
+        for h in handles:  # the new results depend on them; once made, the old ones are not needed
+            self.held.remove(h)
+            h.release()
+        return futures
 
     def close(self) -> None:
         for f in self.held:

@@ -56,8 +56,7 @@ def _profile_rows(doc: dict, case: dict, variant: dict) -> pd.DataFrame | None:
     twin = [tuple(x) for x in rec.get("graph_phases") or []] or None
     tls = assemble_ranks([raw_from_columns(d) for d in rec["ranks"]], twin, tuple(rec.get("comm_phases", ())))
     floors = phase_floors(w, variant["variant"], hw, facts.get("splits"))
-    for tl in tls:
-        apply_floors(tl, floors)
+    tls = [apply_floors(tl, floors) for tl in tls]
     a = att.attribute(tls, floor=floor_of(w, hw), locality_bytes=facts.get("locality_bytes"),
                       us_per_byte=1.0 / hw.hbm_bytes_per_us(), aligned_starts=True)
     rows = att.overall(a.rows)

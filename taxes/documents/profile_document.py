@@ -18,6 +18,10 @@ One statistic everywhere: the interquartile mean (the mean of the iterations ran
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
 
 from taxes.attribution import attribute as att
 from taxes.model.floor import floor_of, kernel_floor_us
@@ -120,16 +124,16 @@ def phase_floors(w, variant: str, hw: HardwareProfile, splits: int | None = None
 
 
 def apply_floors(tl: Timeline, floors: dict, waits: dict | None = None) -> Timeline:
-    """Each phase's floor on its longest compute activity in every window (0 on the phase's other compute
-    activities: their time is the phase's inefficiency)."""
+    """The timeline with each phase's floor on its longest compute activity in every window (0 on the phase's
+    other compute activities: their time is the phase's inefficiency); tl itself is left as it was."""
     a = tl.activities
-    a["floor_us"] = float("nan")
+    floor = pd.Series(np.nan, index=a.index)
     comp = a[a["comm"] == ""]
     for (step, ph), grp in comp.groupby(["step", "phase"]):
         if ph in floors:
-            a.loc[grp.index, "floor_us"] = 0.0
-            a.loc[(grp["end_us"] - grp["start_us"]).idxmax(), "floor_us"] = floors[ph]
-    return tl
+            floor[grp.index] = 0.0
+            floor[(grp["end_us"] - grp["start_us"]).idxmax()] = floors[ph]
+    return replace(tl, activities=a.assign(floor_us=floor))
 
 
 def attribute_variant(w, variant: str, tls_by_clock: dict, samples: list, hw: HardwareProfile, facts: dict) -> dict:
@@ -142,8 +146,7 @@ def attribute_variant(w, variant: str, tls_by_clock: dict, samples: list, hw: Ha
     floors = phase_floors(w, variant, hw, splits)
     results = {}
     for clock, tls in tls_by_clock.items():
-        for tl in tls:
-            apply_floors(tl, floors)
+        tls = [apply_floors(tl, floors) for tl in tls]
         a = att.attribute(tls, floor=floor, locality_bytes=loc_bytes, us_per_byte=1.0 / hw.hbm_bytes_per_us(),
                           aligned_starts=True)
         s = att.summarize(a.rows)

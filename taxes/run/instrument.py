@@ -84,7 +84,8 @@ class ProfilerRecorder:
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / "trace.json"
             self._prof.export_chrome_trace(str(path))
-            from taxes.traces.kineto import load_trace, to_timeline
+            from taxes.traces.kineto import load_trace
+            from taxes.traces.kineto_timeline import to_timeline
 
             events = load_trace(path)
             tl = to_timeline(events, 0)

@@ -11,6 +11,7 @@ the stored form (taxes.documents.profile_document keeps them so a document can b
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -229,9 +230,7 @@ def assemble_ranks(raws: list[dict], graph_phases: list | None = None, comm_phas
     each says in meta["clock_aligned"] whether its times can be compared with the other ranks'."""
     raws, aligned = on_one_clock(raws)
     tls = [assemble(r, raw, graph_phases=graph_phases, comm_phases=comm_phases) for r, raw in enumerate(raws)]
-    for tl in tls:
-        tl.meta["clock_aligned"] = aligned
-    return tls
+    return [replace(tl, meta={**tl.meta, "clock_aligned": aligned}) for tl in tls]
 
 
 def phase_order(tl: Timeline) -> list:

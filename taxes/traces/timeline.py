@@ -21,6 +21,14 @@ microseconds on the rank's clock (CUPTI's timestamps, or the trace's); ranks of 
     windows     the analysed intervals (WINDOW_COLUMNS): step, start_us, end_us, and for profiled
                 iterations e2e_us (the iteration's end-to-end time from device events, which the window
                 spans). Only activities launched inside a window belong to it.
+    extra       what a Kineto trace adds per activity, row for row (EXTRA_COLUMNS): device, ext_id (the
+                launching op's External id), launch_tid, launch_us, launch_api, pg, seq (the process group
+                and sequence number recorded on the kernel); None for records of our own runs.
+    key_source  per activity, how its collective key was found (taxes.traces.collectives: seq | group-order
+                | graph-order, "" for none); None until the keys are found.
+
+A Timeline is a value: its fields cannot be assigned, and every stage that changes one (steps, keys, a
+clock shift, floors) returns a new Timeline with new frames (dataclasses.replace), leaving its input as it was.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -38,13 +46,14 @@ ACTIVITY_COLUMNS = ("name", "kind", "stream", "start_us", "end_us", "correlation
 LAUNCH_COLUMNS = ("name", "kind", "start_us", "end_us", "correlation", "tid")
 HOST_COLUMNS = ("name", "kind", "start_us", "end_us", "tid")
 WINDOW_COLUMNS = ("step", "start_us", "end_us", "e2e_us")
+EXTRA_COLUMNS = ("device", "ext_id", "launch_tid", "launch_us", "launch_api", "pg", "seq")
 _ACTIVITY_DEFAULTS = {"kind": "kernel", "stream": 0, "correlation": -1, "graph": -1, "comm": "", "collective": "",
                       "phase": "", "floor_us": np.nan, "wait_us": 0.0, "step": -1}
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)  # eq=False: frames have no single truth value; a Timeline is compared by identity
 class Timeline:
-    """One rank's record (see the module docstring for the columns)."""
+    """One rank's record (see the module docstring for the fields and their columns)."""
 
     rank: int
     activities: pd.DataFrame
@@ -52,6 +61,22 @@ class Timeline:
     host: pd.DataFrame
     windows: pd.DataFrame
     meta: dict = field(default_factory=dict)  # device name, clock, source ("cupti", "torch.profiler", "trace")
+    extra: pd.DataFrame | None = None  # EXTRA_COLUMNS per activity (Kineto traces only)
+    key_source: np.ndarray | None = None  # per activity: how its collective key was found
+
+
+TIME_COLUMNS = {"activities": ("start_us", "end_us"), "launches": ("start_us", "end_us"), "host": ("start_us", "end_us"),
+                "windows": ("start_us", "end_us")}
+
+
+def shifted(tl: Timeline, dt: float) -> Timeline:
+    """The timeline with every time moved by dt us (onto another clock); tl itself is left as it was."""
+    if not dt:
+        return tl
+    moved = {key: getattr(tl, key).assign(**{c: getattr(tl, key)[c] + dt for c in cols})
+             for key, cols in TIME_COLUMNS.items()}
+    extra = tl.extra.assign(launch_us=tl.extra["launch_us"] + dt) if tl.extra is not None else None
+    return replace(tl, **moved, extra=extra)
 
 
 def frame(rows, columns, defaults: dict | None = None) -> pd.DataFrame:
@@ -66,13 +91,18 @@ def frame(rows, columns, defaults: dict | None = None) -> pd.DataFrame:
     return df[list(columns)].reset_index(drop=True)
 
 
-def timeline(rank: int, activities, launches=None, host=None, windows=None, meta: dict | None = None) -> Timeline:
-    """Build a Timeline from rows (lists of dicts or frames), filling unset columns with their defaults."""
+def timeline(rank: int, activities, launches=None, host=None, windows=None, meta: dict | None = None,
+             extra=None) -> Timeline:
+    """Build a Timeline from rows (lists of dicts or frames), filling unset columns with their defaults.
+    extra: EXTRA_COLUMNS row for row with `activities` (which are then sorted by start together)."""
     acts = frame(activities, ACTIVITY_COLUMNS, _ACTIVITY_DEFAULTS)
     acts = acts.astype({"start_us": float, "end_us": float, "floor_us": float, "wait_us": float})
-    acts = acts.sort_values(["start_us", "end_us"], kind="stable").reset_index(drop=True)
+    order = acts.sort_values(["start_us", "end_us"], kind="stable").index.values  # positions: frame() numbered them
+    acts = acts.iloc[order].reset_index(drop=True)
+    if extra is not None:
+        extra = frame(extra, EXTRA_COLUMNS).iloc[order].reset_index(drop=True)
     return Timeline(rank, acts, frame(launches, LAUNCH_COLUMNS, {"kind": "launch", "tid": 0}),
-                    frame(host, HOST_COLUMNS, {"tid": 0}), frame(windows, WINDOW_COLUMNS), dict(meta or {}))
+                    frame(host, HOST_COLUMNS, {"tid": 0}), frame(windows, WINDOW_COLUMNS), dict(meta or {}), extra)
 
 
 class HostStamps:
