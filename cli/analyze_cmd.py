@@ -90,8 +90,8 @@ def report_view(doc: dict, an, images: bool) -> dict:
     cannot support reading "not measured" wherever they appear, a NOT MEASURED mark naming what to record to
     get them, and an UNTRUSTED mark when the record cost more than taxes.attribution.analyze.UNTRUSTED of the plain step."""
     from taxes.attribution.analyze import untrusted
-    from taxes.attribution.attribute import TAXES
-    from taxes.reports import render
+    from taxes.documents.method import TAXES
+    from taxes.reports import html as render
     from taxes.reports.plots import COMPONENT_TITLES
 
     view = render.html_view(doc, images=images)
@@ -119,7 +119,7 @@ def report_view(doc: dict, an, images: bool) -> dict:
 
 
 def _markdown(view, secs, warnings) -> str:
-    from taxes.reports import render
+    from taxes.reports import markdown as render
     from taxes.sanitize import markdown as md
 
     out = [f"# {md(view['title'])}", ""]
@@ -142,7 +142,7 @@ def _markdown(view, secs, warnings) -> str:
 def _html(view, secs, warnings) -> str:
     import html
 
-    from taxes.reports import render
+    from taxes.reports import html as render
 
     page = render._environment().get_template("report.html.j2").render(page_title=view["title"], docs=[view],
                                                                         css=render._CSS)

@@ -16,7 +16,8 @@ def _us(x) -> str:
 
 def check_markdown(frame, failing_only: bool = True) -> str:
     """A summary table per check, then the rows that fail (or all rows)."""
-    from taxes.reports.render import checks_summary_rows, md_table, pct
+    from taxes.reports.markdown import md_table
+    from taxes.reports.rows import checks_summary_rows, pct
 
     out = [md_table(*checks_summary_rows(frame)), ""]
     detail = frame[~frame["ok"]] if failing_only else frame

@@ -360,7 +360,7 @@ def _plot_format(plot: str | None) -> str | None:
 
 
 def _sweep_rows(dim, values, preds):
-    from taxes.model.predict import TAXES
+    from taxes.documents.method import TAXES
 
     variants = [p.variant for p in preds[0]]
     bsp, fused = _sweep_kinds(preds)
@@ -410,7 +410,7 @@ def _sweep_terminal(dim, values, preds, console):
 
 
 def _sweep_markdown(dim, values, preds) -> str:
-    from taxes.reports.render import md_table
+    from taxes.reports.markdown import md_table
 
     return md_table(*_sweep_rows(dim, values, preds)) + "\n"
 

@@ -273,7 +273,7 @@ def _print_validation(table: dict) -> None:
     """The validation table (taxes.model.validation.table) at the terminal: per row the E2E and each tax's signed
     error, then per world the E2E error and the per-tax errors where a tax is at least 5% of E2E."""
     from taxes.console import print_table, say, stdout_console
-    from taxes.model.predict import TAXES
+    from taxes.documents.method import TAXES
 
     def cell(r, t):
         e = r.get(f"{t}_error_pct")

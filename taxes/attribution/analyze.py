@@ -41,11 +41,10 @@ from taxes.traces.timeline import merge
 from taxes.traces.checks import repair_events
 from taxes.traces.stream import check_regular, one_line
 from taxes.attribution.whatif import project
+from taxes.documents.method import PERTURBED, STATISTIC
 
 TRACE_WORKLOAD = "trace"  # the workload name of an analysed trace in the result document
-STATISTIC = "interquartile mean"
 RULES = "one-timeline rules 2 (taxes.attribution.attribute), trace rules 2 (taxes.attribution.analyze)"
-PERTURBED = 0.03
 UNTRUSTED = 0.05  # a record that cost more than this share of the plain step: its waits describe the record
 TOP_FRAMES = 3
 MAX_SIDE_FILE_BYTES = 64 << 20  # --plain files

@@ -67,8 +67,6 @@ LABELS = {"ideal": "derived", "compute": "derived", "launch": "measured", "host_
           "sync": "measured", "compile": "measured", "data_loading": "measured", "graph_gaps": "measured",
           "queued": "measured", "start_skew": "derived", "sync_wait": "measured", "exposed_transfer": "derived",
           "locality": "derived", "inefficiency": "derived", "unattributed": "derived"}
-TAXES = {"bulk-synchronous": ("sync_wait", "exposed_transfer"), "data-locality": ("locality",),
-         "kernel-launch": ("launch",)}
 _CAUSE_ROW = {"graph": "graph_gaps", "unknown": "unattributed", "sync": "sync", "compile": "compile",
               "data": "data_loading", "host": "host_bound", "launch": "launch", "queued": "queued"}
 SYNC_CALLS = ("Synchronize", "cudaMemcpy\0", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2")  # blocking host calls

@@ -24,6 +24,7 @@ import numpy as np
 from taxes.errors import TaxesError
 from taxes.model.floor import Floor, floor_of
 from taxes.model.hardware import HardwareProfile
+from taxes.documents.method import TAXES
 from taxes.variants import model_names, modelled
 from taxes.workloads import AgGemm, FlashDecode, GemmRs, TpMlp, Workload, replace_dim
 
@@ -32,11 +33,6 @@ from taxes.workloads import AgGemm, FlashDecode, GemmRs, TpMlp, Workload, replac
 # signed difference between the kernels' own floors and the floor plus locality) are in no tax.
 COMPONENTS = ("ideal", "start_skew", "sync_wait", "exposed_transfer", "locality", "launch", "inefficiency",
               "unattributed")
-TAXES = {
-    "bulk-synchronous": ("sync_wait", "exposed_transfer"),
-    "data-locality": ("locality",),
-    "kernel-launch": ("launch",),
-}
 COMMUNICATION = ("start_skew", "sync_wait", "exposed_transfer")  # parts that only a peer can cause
 COMPONENT_TITLES = {
     "ideal": "ideal (floor)",
