@@ -27,6 +27,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from taxes.model.hardware import get_profile  # noqa: E402
 from taxes.model.predict import predict_all  # noqa: E402
 from taxes.documents.results import load, model_document, save  # noqa: E402
+from taxes.reports.markdown import md_table  # noqa: E402
 from taxes.variants import lookup  # noqa: E402
 from taxes.workloads import make_workload, shape_of  # noqa: E402
 
@@ -129,19 +130,19 @@ def plot(pred: dict, meas: dict, path: Path) -> None:
     fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
-def table(pred: dict, meas: dict) -> list[str]:
-    """Markdown rows: every measured variant with a model twin at a predicted shape."""
+def table(pred: dict, meas: dict) -> str:
+    """A Markdown table: every measured variant with a model twin at a predicted shape."""
     keys = sorted(k for k in meas if _model_of(k[3]) is not None and _key(k[0], dict(k[1]), k[2], _model_of(k[3])) in pred)
     f = lambda d, k: f"{d[k]:,.1f}" if d and k in d else "-"  # noqa: E731
-    lines = ["| workload | shape | variant | GPUs | E2E m | E2E p | bulk-sync p | locality p | launch p |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    header = ["workload", "shape", "variant", "GPUs", "E2E m", "E2E p", "bulk-sync p", "locality p", "launch p"]
+    rows = []
     for wl, key, p, variant in keys:
         row = pred[_key(wl, dict(key), p, _model_of(variant))]
         dims = dict(key)
         shape = ",".join(f"{k}={dims[k]}" for k in SHOWN_DIMS if k in dims)
-        lines.append(f"| {wl} | {shape} | {variant} | {p} | {meas[(wl, key, p, variant)]:,.1f} | {f(row, 'e2e')} | "
-                     f"{f(row, 'bulk-synchronous')} | {f(row, 'data-locality')} | {f(row, 'kernel-launch')} |")
-    return lines
+        rows.append([wl, shape, variant, str(p), f"{meas[(wl, key, p, variant)]:,.1f}", f(row, "e2e"),
+                     f(row, "bulk-synchronous"), f(row, "data-locality"), f(row, "kernel-launch")])
+    return md_table(header, rows, numbers=range(3, len(header)))
 
 
 def main(argv=None) -> int:
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
         pred |= predictions(p, profiles[p], out)
     meas = measured(args.measured)
     plot(pred, meas, out / "scaling.png")
-    print("\n".join(table(pred, meas)))
+    print(table(pred, meas))
     return 0
 
 

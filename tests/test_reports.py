@@ -20,7 +20,7 @@ from _util import assert_one_line, assert_self_contained_html, assert_valid_png,
 from committed import committed
 from taxes.documents import results
 from taxes.errors import TaxesError
-from taxes.documents.method import TAXES
+from taxes.documents.method import PERTURBED, TAXES
 from taxes.model.predict import COMPONENT_TITLES, COMPONENTS
 from taxes.reports import plots, render
 from taxes.reports import rows as report_rows
@@ -136,14 +136,14 @@ def test_measured_variants_show_one_e2e_named_and_what_their_rows_add_up_to(emul
         assert _number(added) == pytest.approx(overall, abs=0.1)  # the rows below do add up to it
         share = (v["attributed_e2e_us"] - v["plain_e2e_us"]) / v["plain_e2e_us"]
         assert _number(cost) == pytest.approx(v["attributed_e2e_us"] - v["plain_e2e_us"], abs=0.051)
-        assert cost.endswith("PERTURBED") == (share > 0.03)
+        assert cost.endswith("PERTURBED") == (share > PERTURBED)
     assert "[p10-p90] their 10th and 90th percentiles" in text
 
 
 @pytest.mark.parametrize("view", ["md", "terminal", "html", "json"])
 def test_emulated_and_perturbed_runs_are_marked_in_every_view(emulated_doc, view):
     perturbed = [v["variant"] for v in emulated_doc["cases"][0]["variants"]
-                 if v["measurement_cost_us"] > 0.03 * v["plain_e2e_us"]]
+                 if v["measurement_cost_us"] > PERTURBED * v["plain_e2e_us"]]
     assert perturbed  # the fixture has some: interpreted fused kernels cost more to trace
     if view == "json":
         rep = json.loads(render.render_json(emulated_doc))["report"]
