@@ -48,7 +48,7 @@ from taxes.kernels.decode_local import (
     resolve,
     split_count,
 )
-from taxes.kernels.runtime import sm_count_of
+from taxes.kernels.device import sm_count_of
 
 from graph_timing import read_all, read_bandwidth, time_graph, time_host
 
@@ -164,7 +164,7 @@ def measure_ours(dec, sets, ref, timer, replays, min_graph_us) -> dict:
 def variants_job(ctx, B, Hq, Hkv, D, S):
     """Every FlashDecode variant at world 1 (NCCL, symmetric memory, graphs on a GPU): three calls each
     on a poisoned output, the second traced for the fused ones; the largest relative error per variant."""
-    from taxes.kernels.runtime import interpreting
+    from taxes.kernels.device import interpreting
 
     g = torch.Generator(device=ctx.device).manual_seed(5)
     q = torch.randn(B, Hq, D, generator=g, device=ctx.device).to(torch.bfloat16)

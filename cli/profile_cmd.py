@@ -331,7 +331,8 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
     import json
 
     from taxes.kernels.runtime import launch
-    from taxes.run.planted import known_answers, planted_heap_bytes, rank_cases
+    from taxes.run.planted import planted_heap_bytes, rank_cases
+    from taxes.run.planted_answers import known_answers
     from taxes.documents.results import collect_metadata, write_atomic
 
     world = _preflight(gpus, emulate)
@@ -355,7 +356,7 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
 
         from taxes.traces.records import raw_to_columns
 
-        from taxes.run.planted import stored_facts
+        from taxes.run.planted_records import stored_facts
 
         recs = {k: [raw_to_columns(r[k]["raw"]) | {"plain_us": list(r[k]["plain"]), "facts": stored_facts(r[k])}
                     for r in results]
@@ -415,7 +416,7 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
         if fmt == "json":
             write_stdout(json.dumps(rows, indent=1) + "\n")
         else:
-            from taxes.run.planted import summary
+            from taxes.run.planted_answers import summary
 
             print_table(stdout_console(), "known answers", ["tax", "case", "planted us", "recovered us", "error", "ok"],
                         [[r["tax"], r["case"], f"{r['planted_us']:.1f}", f"{r['recovered_us']:.1f}",

@@ -46,7 +46,8 @@ import triton.language as tl
 from taxes.variants import kernel_names
 from taxes.kernels.ag_gemm_torch import AgGemmBsp, AgGemmTorchAsyncTP
 from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
-from taxes.kernels.runtime import RankContext, SymBuffer, interpreting, replay_graph, sm_count_of
+from taxes.kernels.device import interpreting, replay_graph, sm_count_of
+from taxes.kernels.rank import RankContext, SymBuffer
 from taxes.kernels.sync import (
     ERR_WORDS,
     globaltimer_ns,

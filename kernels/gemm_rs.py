@@ -77,7 +77,8 @@ import triton.language as tl
 from taxes.variants import kernel_names
 from taxes.kernels.ag_gemm import nearest_tuned
 from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
-from taxes.kernels.runtime import RankContext, interpreting, replay_graph, sm_count_of
+from taxes.kernels.device import interpreting, replay_graph, sm_count_of
+from taxes.kernels.rank import RankContext
 from taxes.kernels.sync import ERR_WORDS, peer_ptr, raise_if_timed_out, signal, wait_at_least, wait_budget
 
 __all__ = ["VARIANTS", "Config", "GemmRsBsp", "GemmRsFused", "GemmRsFusedGraph", "GemmRsTorchFused", "check_shape",

@@ -49,7 +49,8 @@ from taxes.kernels import ag_gemm as ag
 from taxes.kernels import gemm_rs as rs
 from taxes.kernels.ag_gemm_torch import AgGemmBsp
 from taxes.kernels.launch import BoundLaunch
-from taxes.kernels.runtime import RankContext, SymBuffer, interpreting, replay_graph
+from taxes.kernels.device import interpreting, replay_graph
+from taxes.kernels.rank import RankContext, SymBuffer
 
 VARIANTS = kernel_names("tp-mlp")  # the variants with kernels here (taxes.variants)
 
