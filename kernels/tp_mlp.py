@@ -227,7 +227,7 @@ class TpMlpFused:
         self.y1 = torch.zeros(M, 2 * f_local, dtype=dtype, device=ctx.device)
         self.z = torch.empty(M, f_local, dtype=dtype, device=ctx.device)
         # Compile and load the activation kernel now: loading a module while a spinning fused kernel holds
-        # the GPU waits for that kernel (kernels/ag_gemm.py, wait_peers_kernel). Bound once: Y1 and Z
+        # the GPU waits for that kernel (kernels/ag_gemm_kernel.py, wait_peers_kernel). Bound once: Y1 and Z
         # belong to this object.
         self._swiglu = bind_swiglu(self.y1, self.z, swiglu_config)
         self._swiglu()
