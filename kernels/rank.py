@@ -26,6 +26,7 @@ class RankError(TaxesError, RuntimeError):
 
 
 
+@dataclass
 class SymBuffer:
     """One symmetric allocation: this rank's tensor and every rank's view of the same bytes."""
 
