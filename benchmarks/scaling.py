@@ -27,7 +27,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from taxes.model.hardware import get_profile  # noqa: E402
 from taxes.model.predict import predict_all  # noqa: E402
 from taxes.documents.results import load, model_document, save  # noqa: E402
-from taxes.reports.markdown import md_table  # noqa: E402
+from taxes.reports.markdown_table import md_table  # noqa: E402
 from taxes.variants import lookup  # noqa: E402
 from taxes.workloads import make_workload, shape_of  # noqa: E402
 

@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from taxes.documents.results import load
-from taxes.reports.markdown import md_table
+from taxes.reports.markdown_table import md_table
 from taxes.variants import get, rung_of
 
 DIMS = {"ag-gemm": ("M", "N"), "gemm-rs": ("M", "N", "K"), "tp-mlp": ("M", "H", "F"), "flash-decode": ("B", "S")}

@@ -119,7 +119,7 @@ def report_view(doc: dict, an, images: bool) -> dict:
 
 
 def _markdown(view, secs, warnings) -> str:
-    from taxes.reports import markdown as render
+    from taxes.reports import markdown_table as render
     from taxes.sanitize import markdown as md
 
     out = [f"# {md(view['title'])}", ""]

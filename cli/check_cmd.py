@@ -16,7 +16,7 @@ def _us(x) -> str:
 
 def check_markdown(frame, failing_only: bool = True) -> str:
     """A summary table per check, then the rows that fail (or all rows)."""
-    from taxes.reports.markdown import md_table
+    from taxes.reports.markdown_table import md_table
     from taxes.reports.rows import checks_summary_rows, pct
 
     out = [md_table(*checks_summary_rows(frame)), ""]

@@ -410,7 +410,7 @@ def _sweep_terminal(dim, values, preds, console):
 
 
 def _sweep_markdown(dim, values, preds) -> str:
-    from taxes.reports.markdown import md_table
+    from taxes.reports.markdown_table import md_table
 
     return md_table(*_sweep_rows(dim, values, preds)) + "\n"
 

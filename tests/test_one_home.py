@@ -1,5 +1,5 @@
 """One home per shared value: the method's TAXES, STATISTIC and PERTURBED live in taxes/documents/method.py,
-the JSON constant refusal in taxes/sanitize.py, the Markdown table writer in taxes/reports/markdown.py.
+the JSON constant refusal in taxes/sanitize.py, the Markdown table writer in taxes/reports/markdown_table.py.
 Every user follows the one value: moved, the document builder, `taxes analyze`, the checks and every
 report move with it."""
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("taxes", "cli", "kernels", "benchmarks")
 HOMES = {"PERTURBED": "taxes/documents/method.py", "STATISTIC": "taxes/documents/method.py",
          "TAXES": "taxes/documents/method.py", "reject_constant": "taxes/sanitize.py",
-         "md_table": "taxes/reports/markdown.py"}
+         "md_table": "taxes/reports/markdown_table.py"}
 COPIES = {"_reject_constant": "reject_constant", "_md_table": "md_table"}  # old spellings of the same thing
 SMALL = 0.005  # below the 1% measurement cost planted here; the default (3%) is above it
 COST_SHARE = 0.01

@@ -60,7 +60,7 @@ from taxes.reports.compare_stats import (
     compare_pair,
     tax_changes,
 )
-from taxes.reports.markdown import md_table
+from taxes.reports.markdown_table import md_table
 from taxes.sanitize import one_line, printable
 
 

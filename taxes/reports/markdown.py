@@ -1,25 +1,12 @@
-"""Markdown: the one table writer every Markdown output uses, and a result document's report."""
+"""A result document's report in Markdown."""
 
 from __future__ import annotations
 
+from taxes.reports.markdown_table import md_table
 from taxes.reports.rows import LEGEND, checks_rows, meta_line, sections
 from taxes.reports.trace_tables import trace_sections, trace_warnings
 from taxes.reports.verdict import failed_checks, marks, summary_rows, title
 from taxes.sanitize import markdown as md_escape
-
-
-def md_table(header: list[str], rows: list[list[str]], numbers=None, strong=()) -> str:
-    """A Markdown table; every cell passes taxes.sanitize.markdown (no HTML, pipes or line breaks get
-    through). numbers: the columns aligned right (default: all but the first); strong: (row, column) of
-    cells set in bold, after their escaping."""
-    right = range(1, len(header)) if numbers is None else numbers
-    lines = ["| " + " | ".join(md_escape(h) for h in header) + " |",
-             "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|"]
-    for i, row in enumerate(rows):
-        cells = [md_escape(c) for c in row]
-        cells = [f"**{c}**" if (i, j) in strong else c for j, c in enumerate(cells)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def render_markdown(doc: dict, trace_details: bool = False) -> str:
