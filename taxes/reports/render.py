@@ -41,11 +41,11 @@ from taxes.reports.verdict import (
 )
 
 # The views by format, for the command line, which picks one of them per run
-from taxes.reports.html import render_html  # noqa: E402,F401
-from taxes.reports.markdown import render_markdown  # noqa: E402,F401
-from taxes.reports.rows import LEGEND, LEGEND_MODEL  # noqa: E402,F401
-from taxes.reports.rows import meta_line as _meta_line  # noqa: E402,F401
-from taxes.reports.terminal import render_terminal  # noqa: E402,F401
+from taxes.reports.html import render_html  # noqa: F401
+from taxes.reports.markdown import render_markdown  # noqa: F401
+from taxes.reports.rows import LEGEND, LEGEND_MODEL  # noqa: F401
+from taxes.reports.rows import meta_line as _meta_line  # noqa: F401
+from taxes.reports.terminal import render_terminal  # noqa: F401
 
 # ---- JSON: the document and its report --------------------------------------------------------------
 
