@@ -39,6 +39,7 @@ import torch
 
 from taxes.kernels.decode_local import Config, LocalDecode, attention_partial_f32, load_tuned, resolve
 from taxes.kernels.device import sm_count_of
+from taxes.reports.markdown_table import md_table
 
 from graph_timing import read_all, read_bandwidth, time_graph, time_host
 from decode_methods import HKV, HQ, TOLERANCE, check_and_time, check_variants, log, make_sets, measure_ours, sdpa_peers
@@ -209,14 +210,13 @@ def write(out_dir: Path, args, rows, sweep, meta):
 
 
 def print_table(rows):
-    log("\n|  B |      S |   D | ours us | best SDPA peer      | peer us | ours/peer | floor us | hbm frac |")
-    log("|---:|-------:|----:|--------:|:--------------------|--------:|----------:|---------:|---------:|")
+    header = ["B", "S", "D", "ours us", "best SDPA peer", "peer us", "ours/peer", "floor us", "hbm frac"]
+    cells = []
     for r in rows:
-        ratio = r.get("ratio_to_peer")
-        frac = r.get("hbm_fraction")
-        log(f"| {r['B']:>2} | {r['S']:>6} | {r['D']:>3} | {fmt(r.get('us')):>7} | {str(r['peer']):<19} | "
-            f"{fmt(r['peer_us']):>7} | {'-' if ratio is None else f'{ratio:.3f}':>9} | {fmt(r['floor_us']):>8} | "
-            f"{'-' if frac is None else f'{frac:.3f}':>8} |")
+        ratio, frac = r.get("ratio_to_peer"), r.get("hbm_fraction")
+        cells.append([str(r["B"]), str(r["S"]), str(r["D"]), fmt(r.get("us")), str(r["peer"]), fmt(r["peer_us"]),
+                      "-" if ratio is None else f"{ratio:.3f}", fmt(r["floor_us"]), "-" if frac is None else f"{frac:.3f}"])
+    log("\n" + md_table(header, cells, numbers=[0, 1, 2, 3, 5, 6, 7, 8]))
 
 
 def main():
