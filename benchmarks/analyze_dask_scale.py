@@ -48,7 +48,7 @@ print(cluster.scheduler_address, flush=True)
 sys.stdin.read()  # until the benchmark closes our stdin
 cluster.close()
 """
-TAXES = [sys.executable, "-c", "from taxes.cli.main import main; main()"]
+TAXES_COMMAND = [sys.executable, "-c", "from taxes.cli.main import main; main()"]
 # HTA's loading, temporal breakdown and communication overlap. HTA 0.5.0 types a column after the correlation
 # ids (int16 when they are small) and pandas 3 refuses the wider values it then writes: widen first, as
 # tests/test_analyze_hta.py does.
@@ -133,7 +133,7 @@ def dask_run(paths: list[str], out: Path, workers: int, timeout_s: float) -> dic
         address = cluster.stdout.readline().strip()
         time.sleep(1.0)  # the workers register
         procs = psutil.Process(cluster.pid).children(recursive=True)
-        cmd = TAXES + ["analyze", "--format", "json", "-o", str(out), "--force", "--scheduler", address, *paths]
+        cmd = TAXES_COMMAND + ["analyze", "--format", "json", "-o", str(out), "--force", "--scheduler", address, *paths]
         return measure(cmd, timeout_s, procs)
     finally:
         cluster.stdin.close()
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
             print(f"generated {ranks} ranks x {n} events in {gen['seconds']} s", flush=True)
             local_out, dask_out = tmp / "local.json", tmp / "dask.json"
             if "local" in tools:
-                local = measure(TAXES + ["analyze", "--format", "json", "-o", str(local_out), "--force", "--jobs",
+                local = measure(TAXES_COMMAND + ["analyze", "--format", "json", "-o", str(local_out), "--force", "--jobs",
                                          str(args.workers), *paths], args.timeout_s)
                 print(json.dumps({"tool": "local pool", **local}), flush=True)
                 result["runs"].append({**gen, "tool": "taxes analyze, local pool", **local})

@@ -21,6 +21,8 @@ every shape, re-times the best few, and writes the best of each as a table in th
 kernels/flash_decode_tuned.json. With --splits-extra it times given split counts for the best kernel
 variants of a --prior sweep against the table's own config, and --update-table writes the winners into
 kernels/flash_decode_tuned.json (what reports/flash_decode/decode_tune2-h100.json did).
+
+The methods: benchmarks/decode_methods.py; the sweep: benchmarks/decode_sweep.py.
 """
 
 from __future__ import annotations
@@ -28,323 +30,23 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
 
-from taxes.run.cases import rel_error
-from taxes.kernels import flash_decode as fd
-from taxes.kernels.decode_local import (
-    TUNED_FILE,
-    Config,
-    LocalDecode,
-    attention_partial_f32,
-    load_tuned,
-    resolve,
-    split_count,
-)
-from taxes.kernels.runtime import sm_count_of
+from taxes.kernels.decode_local import Config, LocalDecode, attention_partial_f32, load_tuned, resolve
+from taxes.kernels.device import sm_count_of
+from taxes.reports.markdown_table import md_table
 
 from graph_timing import read_all, read_bandwidth, time_graph, time_host
+from decode_methods import HKV, HQ, TOLERANCE, check_and_time, check_variants, log, make_sets, measure_ours, sdpa_peers
+from decode_sweep import compile_ahead, kernel_variants, tune_shape, update_table
 
-HQ, HKV = 64, 8
 SHAPES = [(B, S, D) for D in (128, 64) for B in (1, 4, 16) for S in (8192, 32768, 131072)]
 SMOKE_SHAPES = [(1, 64, 64), (2, 40, 128)]  # with Hq=8, Hkv=2 under the interpreter
-TOLERANCE = 1e-2
-GRID = {128: {"block_n": (32, 64, 128)}, 64: {"block_n": (64, 128, 256)}}
-WARPS, STAGES, PPS = (4, 8), (2, 3, 4), (1, 2, 3, 4)
-SMEM_LIMIT = 200 << 10  # K and V stages beyond this cannot be resident (228 KB per SM on Hopper)
-
-
-def log(*a):
-    print(*a, flush=True)
-
-
-# ---- methods --------------------------------------------------------------------------------------
-
-
-def make_sets(B, S, D, dev, l2_bytes, smoke):
-    """Input sets: enough that their K and V together exceed 3 x L2 (1 off a GPU)."""
-    Hq, Hkv = (8, 2) if smoke else (HQ, HKV)
-    kv = 2 * B * Hkv * S * D * 2
-    n = 1 if smoke else max(1, math.ceil(3 * l2_bytes / kv))
-    sets = []
-    for i in range(n):
-        g = torch.Generator(device=dev).manual_seed(1000 * i + B + S + D)
-        q = torch.randn(B, Hq, D, generator=g, device=dev).to(torch.bfloat16)
-        kv_buf = torch.empty(2, B, Hkv, S, D, dtype=torch.bfloat16, device=dev)  # K and V side by side
-        for half in kv_buf:
-            half.copy_(torch.randn(B, Hkv, S, D, generator=g, device=dev))
-        sets.append((q, kv_buf[0], kv_buf[1], torch.empty(B, Hq, D, dtype=torch.bfloat16, device=dev), kv_buf))
-    return sets, kv
-
-
-def sdpa_peers(sets) -> dict:
-    """name -> fn(i) returning (output viewed as B x Hq x D, natural lse or None)."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-                "efficient": SDPBackend.EFFICIENT_ATTENTION}
-    B, Hq, D = sets[0][0].shape
-    Hkv = sets[0][1].shape[1]
-    peers = {}
-    for name, be in backends.items():
-        def gqa(i, be=be):
-            q, k, v = sets[i][:3]
-            with sdpa_kernel([be]):
-                return F.scaled_dot_product_attention(q.view(B, Hq, 1, D), k, v, enable_gqa=True).view(B, Hq, D), None
-
-        def grouped(i, be=be):
-            q, k, v = sets[i][:3]
-            with sdpa_kernel([be]):
-                return F.scaled_dot_product_attention(q.view(B, Hkv, Hq // Hkv, D), k, v).reshape(B, Hq, D), None
-
-        def lse(i, name=name):
-            q, k, v = sets[i][:3]
-            o, l = fd.sdpa_lse(q, k, v, name)
-            return o.reshape(B, Hq, D), l.reshape(B, Hq)
-
-        peers[name] = gqa
-        peers[f"{name}-grouped"] = grouped
-        peers[f"{name}-lse"] = lse
-    return peers
-
-
-def check_and_time(fn, sets, ref, timer, replays, min_graph_us, poison=None) -> dict:
-    """Check fn on set 0 against the float32 reference (o, natural lse), then time it."""
-    o_ref, lse_ref = ref
-    try:
-        if poison is not None:
-            poison.fill_(float("nan"))
-        o, lse = fn(0)
-        if o.is_cuda:
-            torch.cuda.synchronize()
-        err = rel_error(o, o_ref)
-        lse_err = None if lse is None else (lse.float().reshape(lse_ref.shape) - lse_ref).abs().max().item()
-        if not err <= TOLERANCE or (lse_err is not None and not lse_err <= 1e-2):
-            return {"error": f"wrong result: rel error {err:.3g}, lse max error {lse_err}", "rel_error": err}
-        r = timer(lambda i: fn(i), len(sets), replays, min_graph_us=min_graph_us)
-        return {"rel_error": err, "lse_abs_error": lse_err, **r}
-    except Exception as e:  # a backend refusing the shape, a config that does not compile or fit
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        return {"error": " ".join(f"{type(e).__name__}: {e}".split())[:300]}
-
-
-def ours_fn(dec, sets):
-    def fn(i):
-        q, k, v, out = sets[i][:4]
-        dec(q, k, v, out)
-        return out, None
-    return fn
-
-
-def measure_ours(dec, sets, ref, timer, replays, min_graph_us) -> dict:
-    """Ours: checked on a poisoned output, timed, then checked again after the replays."""
-    r = check_and_time(ours_fn(dec, sets), sets, ref, timer, replays, min_graph_us, poison=sets[0][3])
-    if "error" not in r:
-        sets[0][3].fill_(float("nan"))
-        ours_fn(dec, sets)(0)
-        r["rel_error_after"] = rel_error(sets[0][3], ref[0])
-        if not r["rel_error_after"] <= TOLERANCE:
-            r["error"] = f"wrong after the timed replays: rel error {r['rel_error_after']:.3g}"
-    r["config"] = dec.describe()
-    return r
-
-
-# ---- the variants of FlashDecode on one rank --------------------------------------------------------
-
-
-def variants_job(ctx, B, Hq, Hkv, D, S):
-    """Every FlashDecode variant at world 1 (NCCL, symmetric memory, graphs on a GPU): three calls each
-    on a poisoned output, the second traced for the fused ones; the largest relative error per variant."""
-    from taxes.kernels.runtime import interpreting
-
-    g = torch.Generator(device=ctx.device).manual_seed(5)
-    q = torch.randn(B, Hq, D, generator=g, device=ctx.device).to(torch.bfloat16)
-    k = torch.randn(B, Hkv, S, D, generator=g, device=ctx.device).to(torch.bfloat16)
-    v = torch.randn(B, Hkv, S, D, generator=g, device=ctx.device).to(torch.bfloat16)
-    ref = fd.reference(q, [k], [v])
-    out = torch.empty(B, Hq, D, dtype=torch.bfloat16, device=ctx.device)
-    res = {}
-    for variant in fd.VARIANTS:
-        cfg = Config(block_n=16) if interpreting() else Config()
-        try:
-            run = fd.FlashDecode(ctx, B, Hq, Hkv, D, S, torch.bfloat16, variant, cfg)
-            errs = []
-            for i in range(3):
-                out.fill_(float("nan"))
-                run(q, k, v, out, traced=run.fused and i == 1)
-                run.check()
-                errs.append(rel_error(out, ref))
-            res[variant] = {"max_rel_error": max(errs), "splits": run.n_splits,
-                            "sdpa_backend": run.sdpa_backend, "cta_trace_rows": len(run.cta_trace()) if run.fused else None}
-        except Exception as e:
-            res[variant] = {"error": " ".join(f"{type(e).__name__}: {e}".split())[:300]}
-    return res
-
-
-def check_variants(smoke: bool) -> dict:
-    from taxes.kernels.runtime import launch
-
-    shape = (2, 8, 2, 64, 40) if smoke else (2, HQ, HKV, 128, 4096)
-    try:
-        return {"shape": dict(zip(("B", "Hq", "Hkv", "D", "S"), shape)),
-                "results": launch(variants_job, 1, *shape, backend="emulated" if smoke else "cuda", timeout_s=240)[0]}
-    except Exception as e:
-        return {"error": " ".join(str(e).split())[:400]}
-
-
-# ---- compiling ahead ------------------------------------------------------------------------------
-
-
-def _compile_one(D, block_n, warps, stages, tma=False, evict_first=False):
-    """In a worker process: one tiny decode, so Triton compiles (and caches on disk) this variant with
-    the same specialisation as the real shapes (Hq=64, Hkv=8, R a multiple of 16)."""
-    dev = torch.device("cuda")
-    S = block_n * 4
-    q = torch.randn(1, HQ, D, device=dev, dtype=torch.bfloat16)
-    k = torch.randn(1, HKV, S, D, device=dev, dtype=torch.bfloat16)
-    out = torch.empty(1, HQ, D, device=dev, dtype=torch.bfloat16)
-    try:
-        dec = LocalDecode(1, HQ, HKV, D, S, dev, Config(block_n=block_n, splits=2, num_warps=warps,
-                                                             num_stages=stages, tma=tma, evict_first=evict_first))
-        dec(q, k, k, out)
-        torch.cuda.synchronize()
-        return None
-    except Exception as e:
-        return " ".join(f"{type(e).__name__}: {e}".split())[:200]
-
-
-def compile_ahead(variants: list[tuple], limit_s: float) -> dict:
-    """Compile the kernel variants in parallel processes (Triton's disk cache then serves this one)."""
-    import multiprocessing as mp
-
-    t0 = time.time()
-    failed = {}
-    try:
-        with ProcessPoolExecutor(max_workers=min(12, len(variants)), mp_context=mp.get_context("spawn")) as ex:
-            futs = {ex.submit(_compile_one, *v): v for v in variants}
-            for f in as_completed(futs, timeout=limit_s):
-                err = f.result()
-                if err:
-                    failed[futs[f]] = err
-    except Exception as e:
-        log(f"compile ahead stopped: {' '.join(str(e).split())[:200]}")
-    log(f"compiled {len(variants)} variants ahead in {time.time() - t0:.0f} s ({len(failed)} failed)")
-    return failed
-
-
-# ---- the sweep ------------------------------------------------------------------------------------
-
-
-def kernel_variants(D):
-    """(block_n, warps, stages, tma, evict_first) of the sweep: pointer loads, TMA loads (one stage more
-    allowed: no registers staged), pointer loads hinted evict-first (4 warps)."""
-    out = []
-    for bn in GRID[D]["block_n"]:
-        for w in WARPS:
-            for st in STAGES + (5,):
-                if st * bn * D * 4 > SMEM_LIMIT:
-                    continue
-                if st in STAGES:
-                    out.append((bn, w, st, False, False))
-                out.append((bn, w, st, True, False))
-                if st in STAGES and w == 4:
-                    out.append((bn, w, st, False, True))
-    return out
-
-
-def candidates(B, S, D, sms):
-    """Configs of the sweep (dicts), without two that give the same kernel and split count."""
-    seen = set()
-    for bn, w, st, tma, ev in kernel_variants(D):
-        for pps in PPS:
-            splits, _ = split_count(S, B, HKV, sms, bn, 0, pps)
-            if (bn, w, st, tma, ev, splits) in seen:
-                continue
-            seen.add((bn, w, st, tma, ev, splits))
-            yield {"block_n": bn, "num_warps": w, "num_stages": st, "tma": tma, "evict_first": ev,
-                   "programs_per_sm": pps, "splits": splits}
-
-
-def targeted_candidates(B, S, D, sms, args):
-    """--splits-extra: the --top kernel variants of the --prior sweep at this shape, at the given split
-    counts, and the tuned table's config for the shape (so both are timed in the same run)."""
-    prior = json.loads(Path(args.prior).read_text())["sweep"] if args.prior else []
-    rows = sorted((e for e in prior if (e["B"], e["S"], e["D"]) == (B, S, D) and e.get("us")), key=lambda e: e["us"])
-    variants = []
-    for e in rows:
-        v = (e["block_n"], e["num_warps"], e["num_stages"], e["tma"], e["evict_first"])
-        if v not in variants:
-            variants.append(v)
-    extra = {int(b): [int(x) for x in xs.split(",")] for b, xs in
-             (part.split("=") for part in args.splits_extra.split(";") if part)}.get(B, [])
-    cands, seen = [], set()
-    c, splits, _ = resolve(Config(), B, HKV, S, D, sms, True)
-    table = {"block_n": c.block_n, "num_warps": c.num_warps, "num_stages": c.num_stages, "tma": bool(c.tma),
-             "evict_first": bool(c.evict_first), "splits": splits}
-    for bn, w, st, tma, ev in [tuple(table[k] for k in ("block_n", "num_warps", "num_stages", "tma", "evict_first"))] \
-            + variants[:args.top]:
-        for want in ([splits] if (bn, w, st, tma, ev) == tuple(list(table.values())[:5]) and not cands else extra):
-            n, _ = split_count(S, B, HKV, sms, bn, want)
-            if (bn, w, st, tma, ev, n) in seen:
-                continue
-            seen.add((bn, w, st, tma, ev, n))
-            cands.append({"block_n": bn, "num_warps": w, "num_stages": st, "tma": tma, "evict_first": ev,
-                          "programs_per_sm": round(n * B * HKV / sms, 4), "splits": n})
-    return cands
-
-
-def update_table(rows, meta, out_dir):
-    """Replace the tuned table's entries of the shapes just swept by their new best (kept where the table's
-    own config won); writes kernels/flash_decode_tuned.json and a copy under out_dir."""
-    table = load_tuned()
-    new = {(r["B"], r["S"], r["D"]): r for r in rows if r.get("best")}
-    for e in table["entries"]:
-        r = new.get((e["B"], e["S"], e["D"]))
-        if r:
-            b = r["best"]
-            e.update({k: b[k] for k in ("block_n", "num_warps", "num_stages", "tma", "evict_first", "splits",
-                                         "programs_per_sm")})
-            e["us"] = r["us"]
-            e["from"] = meta["command"]
-    text = json.dumps(table, indent=1) + "\n"
-    TUNED_FILE.write_text(text)
-    (out_dir / "flash_decode_tuned.json").write_text(text)
-
-
-def tune_shape(B, S, D, Hq, Hkv, sets, ref, dev, sms, timer, args, t_start, smoke):
-    """Every candidate at a few replays, then the best few again at more: (best entry, all entries)."""
-    if args.splits_extra and not smoke:
-        cands = targeted_candidates(B, S, D, sms, args)
-    else:
-        cands = list(candidates(B, S, D, sms)) if not smoke else [
-            {"block_n": 16, "num_warps": 4, "num_stages": 2, "tma": tma, "evict_first": False, "programs_per_sm": 2,
-             "splits": 2} for tma in (False, True)]
-    entries = []
-    for c in cands:
-        if time.time() - t_start > args.budget_s:
-            break
-        cfg = Config(**{k: v for k, v in c.items() if k != "programs_per_sm"})
-        dec = LocalDecode(B, Hq, Hkv, D, S, dev, cfg)
-        r = measure_ours(dec, sets, ref, timer, args.tune_replays, 1000.0)
-        entries.append({"B": B, "S": S, "D": D, **c, "splits": dec.n_splits, "tma_used": dec.tma,
-                        **{k: r.get(k) for k in ("us", "error")}})
-    ok = sorted((e for e in entries if e["error"] is None), key=lambda e: e["us"])
-    for e in ok[:args.refine]:
-        cfg = Config(**{k: e[k] for k in ("block_n", "num_warps", "num_stages", "tma", "evict_first", "splits")})
-        r = measure_ours(LocalDecode(B, Hq, Hkv, D, S, dev, cfg), sets, ref, timer, args.replays, 2500.0)
-        e["refined_us"] = r.get("us") if "error" not in r else None
-    refined = [e for e in ok[:args.refine] if e.get("refined_us")]
-    best = min(refined, key=lambda e: e["refined_us"]) if refined else (ok[0] if ok else None)
-    return best, entries
 
 
 def run(args):
@@ -508,14 +210,13 @@ def write(out_dir: Path, args, rows, sweep, meta):
 
 
 def print_table(rows):
-    log("\n|  B |      S |   D | ours us | best SDPA peer      | peer us | ours/peer | floor us | hbm frac |")
-    log("|---:|-------:|----:|--------:|:--------------------|--------:|----------:|---------:|---------:|")
+    header = ["B", "S", "D", "ours us", "best SDPA peer", "peer us", "ours/peer", "floor us", "hbm frac"]
+    cells = []
     for r in rows:
-        ratio = r.get("ratio_to_peer")
-        frac = r.get("hbm_fraction")
-        log(f"| {r['B']:>2} | {r['S']:>6} | {r['D']:>3} | {fmt(r.get('us')):>7} | {str(r['peer']):<19} | "
-            f"{fmt(r['peer_us']):>7} | {'-' if ratio is None else f'{ratio:.3f}':>9} | {fmt(r['floor_us']):>8} | "
-            f"{'-' if frac is None else f'{frac:.3f}':>8} |")
+        ratio, frac = r.get("ratio_to_peer"), r.get("hbm_fraction")
+        cells.append([str(r["B"]), str(r["S"]), str(r["D"]), fmt(r.get("us")), str(r["peer"]), fmt(r["peer_us"]),
+                      "-" if ratio is None else f"{ratio:.3f}", fmt(r["floor_us"]), "-" if frac is None else f"{frac:.3f}"])
+    log("\n" + md_table(header, cells, numbers=[0, 1, 2, 3, 5, 6, 7, 8]))
 
 
 def main():

@@ -11,7 +11,8 @@ import torch
 
 from taxes.run.harness import time_iterations, warm_clocks
 from taxes.kernels import gemm_rs as rs
-from taxes.kernels.runtime import launch, replay_graph
+from taxes.kernels.device import replay_graph
+from taxes.kernels.runtime import launch
 
 
 def job(ctx, M, N, K, cfg):

@@ -40,7 +40,8 @@ from taxes.errors import TaxesError
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels import flash_decode as fd
 from taxes.kernels import gemm_rs as rs
-from taxes.kernels.runtime import RankError, launch, torchrun_rank
+from taxes.kernels.rank import RankError
+from taxes.kernels.runtime import launch, torchrun_rank
 from taxes.kernels.sync import FlagTimeout, wait_for_flag
 from taxes.workloads import make_workload
 

@@ -43,7 +43,8 @@ def facts_from_rows(rows: list[dict]) -> dict:
 
 
 def redo(doc: dict, records: dict) -> dict:
-    from taxes.run.planted import known_answers, results_from_records
+    from taxes.run.planted_answers import known_answers
+    from taxes.run.planted_records import results_from_records
 
     facts = facts_from_rows(doc["rows"])
     rates = facts.pop("us_per_byte_by_rank", {})

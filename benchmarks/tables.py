@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from taxes.documents.results import load
+from taxes.reports.markdown_table import md_table
 from taxes.variants import get, rung_of
 
 DIMS = {"ag-gemm": ("M", "N"), "gemm-rs": ("M", "N", "K"), "tp-mlp": ("M", "H", "F"), "flash-decode": ("B", "S")}
@@ -39,7 +40,7 @@ def table(docs: list[dict], hbm_gbps: float | None = None) -> str:
     head = [*DIMS[workload], *names, "best fused", f"{base} / best"] + ([f"{peer} / best"] if peer else [])
     if workload == "flash-decode":
         head += ["KV floor", "best / floor"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    rows = []
     for case in cases:
         t = e2e(case)
         fused = {n: x for n, x in t.items() if get(workload, n).fused}
@@ -52,8 +53,8 @@ def table(docs: list[dict], hbm_gbps: float | None = None) -> str:
         if workload == "flash-decode":
             floor = case["extra"]["kv_bytes"] / (hbm_gbps * 1e3) if hbm_gbps else None
             row += [f"{floor:,.1f}" if floor else "-", f"{fused[best] / floor:.2f}x" if floor and best else "-"]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        rows.append(row)
+    return md_table(head, rows, numbers=range(len(head)))
 
 
 def _dim(shape: dict, d: str) -> str:

@@ -78,13 +78,13 @@ def _print(doc, fmt, output, force, w, hw, gpus, dtype, swept) -> None:
         emit(sweep_markdown(*swept) if swept else render.render_markdown(doc), output, force)
     else:
         from taxes.console import say
-        from taxes.reports import render
+        from taxes.reports import render, rows
         from taxes.reports.sweep import sweep_terminal
 
         say(f"taxes model {w.name} on {hw.name} ({hw.source}), world {gpus}, {dtype}: predicted, us per iteration")
         show((lambda c: sweep_terminal(*swept, c)) if swept else (lambda c: render.render_terminal(doc, c)),
              output, force)
-        say(render.LEGEND_MODEL)
+        say(rows.LEGEND_MODEL)
 
 
 def _chart(doc, plot_fmt, swept) -> bytes:

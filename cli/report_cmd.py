@@ -22,7 +22,7 @@ def report(results, fmt, output, force, hardware_name):
     takes one."""
     from taxes.console import progress, say
     from taxes.documents.io import check_output
-    from taxes.reports import render
+    from taxes.reports import render, rows
 
     if fmt == "html" and not output:
         raise TaxesError("--format html writes a file: give -o REPORT.html (or -o - for stdout)")
@@ -30,6 +30,11 @@ def report(results, fmt, output, force, hardware_name):
         raise TaxesError(f"--format json writes one document back with its report; give one file, not {len(results)}")
     check_output(output, force)
     docs = [_read(path, hardware_name) for path in results]
+    if fmt != "json" and len(docs) == 1 and docs[0]["metadata"].get("source") == "trace":
+        from taxes.cli.analyze_cmd import write_report  # an analyze document: the report taxes analyze shows
+
+        write_report(docs[0], fmt, output, force)
+        return
     if fmt == "json":
         emit(render.render_json(docs[0]), output, force)
     elif fmt == "md":
@@ -40,7 +45,7 @@ def report(results, fmt, output, force, hardware_name):
         emit(page, output, force)
     else:
         for d in docs:
-            say(render._meta_line(d))
+            say(rows.meta_line(d))
 
         def draw(console):
             for i, d in enumerate(docs):
@@ -49,7 +54,7 @@ def report(results, fmt, output, force, hardware_name):
                 render.render_terminal(d, console, trace_details=True)
 
         show(draw, output, force)
-        say(render.LEGEND)
+        say(rows.LEGEND)
 
 
 def _read(path: str, hardware_name: str | None) -> dict:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from taxes.kernels.runtime import RankContext, SymBuffer, replay_graph
+from taxes.kernels.device import replay_graph
+
+from taxes.kernels.rank import RankContext, SymBuffer
 
 
 def all_gather_rows(ctx: RankContext, out: torch.Tensor, shard: torch.Tensor, a_full: SymBuffer | None = None) -> None:

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
-from taxes.kernels.runtime import interpreting, sm_count_of
+from taxes.kernels.device import interpreting, sm_count_of
 from taxes.kernels.sync import peer_ptr, signal
 
 try:  # host-side TMA descriptors (Triton 3.3 and later)

@@ -41,7 +41,8 @@ from taxes.kernels.decode_local import (
     tuned_entry,
 )
 from taxes.kernels.launch import BoundedCache, BoundLaunch, buffer_key
-from taxes.kernels.runtime import RankContext, interpreting, replay_graph
+from taxes.kernels.device import interpreting, replay_graph
+from taxes.kernels.rank import RankContext
 from taxes.kernels.sync import (
     ERR_WORDS,
     cta_clock_ns,

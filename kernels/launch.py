@@ -35,7 +35,7 @@ from collections import OrderedDict
 import torch
 from triton import knobs
 
-from taxes.kernels.runtime import interpreting
+from taxes.kernels.device import interpreting
 
 # Triton 3.6's C launcher: gridX, gridY, gridZ, stream, function, cooperative, pdl, global scratch,
 # profile scratch, kernel metadata, launch metadata, enter hook, exit hook; then the kernel's arguments

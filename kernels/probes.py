@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from taxes.kernels.runtime import interpreting
+from taxes.kernels.device import interpreting
 from taxes.kernels.sync import (
     ERR_WORDS,
     globaltimer_ns,

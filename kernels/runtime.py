@@ -1,10 +1,5 @@
-"""The symmetric heap and the rank launcher that every fused kernel runs on.
-
-A symmetric heap, in the spirit of AMD's Iris: every rank owns one arena of the same size, and
-allocations are bump-allocated in the same order on every rank, so an allocation sits at the same
-offset in every arena. A kernel reaches a peer's copy of a buffer by adding the difference of the two
-arenas' base addresses to its own pointer (`peer_ptr` in kernels/sync.py); the arenas' bases are one
-int64 tensor per rank.
+"""The rank launcher that every fused kernel runs on, and the arenas of its symmetric heap (the heap
+itself, a rank's context and RankError: taxes.kernels.rank).
 
 Two backends give the arenas:
 - cuda: one buffer from PyTorch symmetric memory (torch.distributed._symmetric_memory.empty, then
@@ -32,11 +27,11 @@ import socket
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
 
 import torch
 
-from taxes.errors import TaxesError
+from taxes.kernels.device import interpreting
+from taxes.kernels.rank import RankContext, RankError, SymmetricHeap
 
 # Multicast objects can take a shared host's GPUs down: keep them off in every process we start.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -45,163 +40,6 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 # Set only where the user has not chosen otherwise.
 NCCL_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
 REAP_GRACE_S = 5.0  # how long a rank gets to exit after SIGTERM before SIGKILL
-ALIGN = 256  # bytes; TMA wants 16, 256 keeps every buffer on its own cache lines
-
-
-class RankError(TaxesError, RuntimeError):
-    """A rank failed; the message is one line naming the rank and what it was doing (the command line shows
-    it as such, exit 2)."""
-
-
-def replay_graph(graphs: dict, key, run) -> None:
-    """Replay the CUDA graph of run() kept in graphs[key], capturing it first: one eager call (a real call,
-    which also compiles and warms up outside the capture), then the capture. One graph per input set,
-    since a graph replays fixed addresses."""
-    g = graphs.get(key)
-    if g is None:
-        run()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            run()
-        graphs[key] = g
-    g.replay()
-
-
-def round_bf16_like_a_gpu() -> None:
-    """Make Triton 3.6's interpreter convert float32 to bfloat16 by rounding to nearest, as GPUs do,
-    instead of truncating: a bias of about 2^-9 per store, which the ag-gemm and gemm-rs kernels' bf16
-    stores inherit under emulation (four in a row put the fused tp-mlp layer at ~1.1%, over the 1e-2
-    tolerance, while it is ~0.35% with rounding). For emulated rank processes only (`taxes profile
-    --emulate` calls it); tests/test_tp_mlp.py keeps a strict xfail on the stock behaviour."""
-    import numpy as np
-    import triton.language as tl
-    import triton.runtime.interpreter as interp
-
-    stock = interp.InterpreterBuilder.cast_impl
-    if getattr(stock, "rounds_bf16", False):
-        return
-
-    def cast_impl(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            f32 = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
-            return interp.TensorHandle(f32.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), dst_type.scalar)
-        return stock(self, src, dst_type)
-
-    cast_impl.rounds_bf16 = True
-    interp.InterpreterBuilder.cast_impl = cast_impl
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def sm_count_of(device: torch.device) -> int:
-    """The SMs a kernel's grid is sized for: the GPU's, or 4 stand-in SMs off a GPU, so that under the
-    interpreter a few programs (persistent CTAs, splits of the sequence) run the same scheduling logic."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
-@dataclass
-class SymBuffer:
-    """One symmetric allocation: this rank's tensor and every rank's view of the same bytes."""
-
-    local: torch.Tensor
-    peers: list[torch.Tensor]  # peers[r] is rank r's copy (peers[rank] is local)
-    offset: int  # bytes from the arena's base, equal on every rank
-
-
-class SymmetricHeap:
-    def __init__(self, rank: int, world: int, arenas: list[torch.Tensor], keepalive=None):
-        self.rank, self.world = rank, world
-        self.arenas = arenas  # uint8, one per rank, all mapped in this process
-        self.size = arenas[rank].numel()
-        self.bases = torch.tensor([a.data_ptr() for a in arenas], dtype=torch.int64, device=arenas[rank].device)
-        self._top = 0
-        self._keepalive = keepalive  # e.g. the symmetric-memory handle
-
-    @property
-    def device(self) -> torch.device:
-        return self.arenas[self.rank].device
-
-    def alloc(self, shape, dtype: torch.dtype) -> SymBuffer:
-        """Allocate on every rank (all ranks must make the same calls in the same order)."""
-        shape = tuple(int(s) for s in shape)
-        nbytes = max(1, torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
-        off = -(-self._top // ALIGN) * ALIGN
-        if off + nbytes > self.size:
-            raise MemoryError(f"symmetric heap of {self.size >> 20} MiB is full: {nbytes >> 20} MiB more asked, "
-                              f"{(self.size - off) >> 20} MiB left")
-        self._top = off + nbytes
-        views = [a[off:off + nbytes].view(dtype).view(shape) for a in self.arenas]
-        return SymBuffer(views[self.rank], views, off)
-
-    def zeros(self, shape, dtype: torch.dtype) -> SymBuffer:
-        buf = self.alloc(shape, dtype)
-        buf.local.zero_()
-        return buf
-
-    def reset(self) -> None:
-        """Forget every allocation (all ranks together, when no kernel uses them)."""
-        self._top = 0
-
-    def mark(self) -> int:
-        """Where the next allocation starts: release(mark) forgets every allocation made after it."""
-        return self._top
-
-    def release(self, mark: int) -> None:
-        """Forget the allocations made since `mark` (all ranks together, when no kernel uses them)."""
-        if not 0 <= mark <= self._top:
-            raise ValueError(f"heap mark {mark} is not below the top {self._top}")
-        self._top = mark
-
-
-@dataclass
-class RankContext:
-    rank: int
-    world: int
-    backend: str  # "cuda" or "emulated"
-    heap: SymmetricHeap
-    device: torch.device
-    _barrier: object = field(default=None, repr=False)
-    _doing: object = field(default=None, repr=False)  # shared text: what this rank is doing now
-    _scratch: object = field(default=None, repr=False)  # emulated: shared float64 [world, 64] for all_max
-
-    def barrier(self, timeout_s: float = 120.0) -> None:
-        """Host barrier of all ranks (on cuda also orders the device: synchronize first)."""
-        if self.backend == "cuda":
-            import torch.distributed as dist
-
-            torch.cuda.synchronize()
-            dist.barrier()
-        else:
-            try:
-                self._barrier.wait(timeout_s)
-            except Exception:
-                raise RankError(f"rank {self.rank}: barrier not reached by every rank within {timeout_s:.0f} s") from None
-
-    def all_max(self, values: list[float]) -> list[float]:
-        """Element-wise maximum over ranks (every rank gets the same list): how ranks agree."""
-        if self.backend == "cuda":
-            import torch.distributed as dist
-
-            t = torch.tensor(values, dtype=torch.float64, device=self.device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            return t.tolist()
-        n = len(values)
-        if n > self._scratch.shape[1]:
-            raise ValueError(f"all_max takes at most {self._scratch.shape[1]} values when emulated")
-        self.barrier()
-        self._scratch[self.rank, :n] = torch.tensor(values, dtype=torch.float64)
-        self.barrier()
-        out = self._scratch[:, :n].max(dim=0).values.tolist()
-        self.barrier()
-        return out
-
-    def doing(self, what: str) -> None:
-        """Say what this rank is doing, so a failure elsewhere can name it."""
-        if self._doing is not None:
-            self._doing[self.rank] = " ".join(str(what).split())[:200]  # it ends up inside one-line errors
 
 
 # ---- the launcher ---------------------------------------------------------------------------------

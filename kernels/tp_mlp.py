@@ -49,7 +49,8 @@ from taxes.kernels import ag_gemm as ag
 from taxes.kernels import gemm_rs as rs
 from taxes.kernels.ag_gemm_torch import AgGemmBsp
 from taxes.kernels.launch import BoundLaunch
-from taxes.kernels.runtime import RankContext, SymBuffer, interpreting, replay_graph
+from taxes.kernels.device import interpreting, replay_graph
+from taxes.kernels.rank import RankContext, SymBuffer
 
 VARIANTS = kernel_names("tp-mlp")  # the variants with kernels here (taxes.variants)
 
@@ -226,7 +227,7 @@ class TpMlpFused:
         self.y1 = torch.zeros(M, 2 * f_local, dtype=dtype, device=ctx.device)
         self.z = torch.empty(M, f_local, dtype=dtype, device=ctx.device)
         # Compile and load the activation kernel now: loading a module while a spinning fused kernel holds
-        # the GPU waits for that kernel (kernels/ag_gemm.py, wait_peers_kernel). Bound once: Y1 and Z
+        # the GPU waits for that kernel (kernels/ag_gemm_kernel.py, wait_peers_kernel). Bound once: Y1 and Z
         # belong to this object.
         self._swiglu = bind_swiglu(self.y1, self.z, swiglu_config)
         self._swiglu()

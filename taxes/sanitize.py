@@ -86,3 +86,8 @@ def json_type(v) -> str:
         return json.dumps(v)
     return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(
         type(v), type(v).__name__)
+
+
+def reject_constant(name: str):
+    """json's parse_constant: NaN, Infinity and -Infinity are not JSON numbers; a document holding one is refused."""
+    raise ValueError(f"{name} is not a number JSON allows")

@@ -16,7 +16,9 @@ from rank_jobs import SMALL, ag_gemm_job
 
 from taxes.run.cases import rel_error
 from taxes.kernels import ag_gemm as ag
-from taxes.kernels.runtime import RankError, interpreting, launch
+from taxes.kernels.device import interpreting
+from taxes.kernels.rank import RankError
+from taxes.kernels.runtime import launch
 
 pytestmark = pytest.mark.skipif(not interpreting(), reason="triton was imported before TRITON_INTERPRET was set")
 

@@ -28,7 +28,9 @@ from taxes.cli.main import TaxesGroup
 from taxes.errors import TaxesError
 from taxes.model.hardware import BUILTIN, get_profile, load_profile_file, profile_from_dict, profile_to_dict
 from taxes.kernels import probes, runtime
-from taxes.kernels.runtime import interpreting, launch
+from taxes.kernels.device import interpreting
+from taxes.kernels.rank import RankError
+from taxes.kernels.runtime import launch
 from taxes.model.predict import predict
 from taxes.workloads import WORKLOADS, make_workload, model_variants
 
@@ -479,7 +481,7 @@ def test_run_calibration_on_the_host_side(monkeypatch, outcome):
             for r in ranks:
                 r["figures"].pop("triton_gemm")
                 (Path(progress_dir) / f"rank{r['rank']}.json").write_text(json.dumps(r))
-        raise runtime.RankError("rank 1 did not finish within 9 s (it was calibrating triton_gemm)")
+        raise RankError("rank 1 did not finish within 9 s (it was calibrating triton_gemm)")
 
     monkeypatch.setattr(run, "cuda_gpu_count", lambda: 2)  # the name run_calibration looks up
     monkeypatch.setattr(runtime, "launch", fake_launch)

@@ -22,6 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from taxes.reports import compare as cmp
+from taxes.reports import compare_stats as stats
 from taxes.documents import results
 from taxes.cli.compare_cmd import compare
 from taxes.cli.main import TaxesGroup
@@ -148,9 +149,9 @@ def _normal_p(a, b) -> float:
 
 @given(st.lists(st.integers(0, 6), min_size=1, max_size=25), st.lists(st.integers(0, 6), min_size=1, max_size=25))
 def test_rank_test_with_ties_is_the_tie_corrected_normal_approximation(a, b):
-    p = cmp.rank_test_p(a, b)
+    p = stats.rank_test_p(a, b)
     assert 0.0 <= p <= 1.0
-    assert p == pytest.approx(cmp.rank_test_p(b, a), abs=1e-12)  # two-sided: symmetric
+    assert p == pytest.approx(stats.rank_test_p(b, a), abs=1e-12)  # two-sided: symmetric
     if len(set(a) | set(b)) == 1:
         assert p == 1.0
     elif len(set(a + b)) < len(a + b):  # ties: the normal approximation
@@ -160,24 +161,24 @@ def test_rank_test_with_ties_is_the_tie_corrected_normal_approximation(a, b):
 @given(st.lists(st.integers(0, 10**6), min_size=1, max_size=6, unique=True), st.data())
 def test_rank_test_of_small_samples_without_ties_is_exact(a, data):
     b = data.draw(st.lists(st.integers(0, 10**6).filter(lambda x: x not in a), min_size=1, max_size=6, unique=True))
-    assert cmp.rank_test_p(a, b) == pytest.approx(_exact_p(a, b), abs=1e-12)
+    assert stats.rank_test_p(a, b) == pytest.approx(_exact_p(a, b), abs=1e-12)
 
 
 @given(st.lists(st.integers(1, 10**6), min_size=2, max_size=30), st.lists(st.integers(1, 10**6), min_size=2, max_size=30))
 def test_rank_test_depends_only_on_order(a, b):
     # ranks are all it reads: a strictly increasing transform of both samples leaves p unchanged (integer
     # inputs, so that rounding in the transforms can neither make nor break a tie)
-    p = cmp.rank_test_p(a, b)
-    assert cmp.rank_test_p(np.log(a), np.log(b)) == pytest.approx(p, abs=1e-12)
-    assert cmp.rank_test_p(np.asarray(a) * 3 + 7, np.asarray(b) * 3 + 7) == pytest.approx(p, abs=1e-12)
+    p = stats.rank_test_p(a, b)
+    assert stats.rank_test_p(np.log(a), np.log(b)) == pytest.approx(p, abs=1e-12)
+    assert stats.rank_test_p(np.asarray(a) * 3 + 7, np.asarray(b) * 3 + 7) == pytest.approx(p, abs=1e-12)
 
 
 def test_rank_test_sees_a_clear_shift_and_not_an_equal_one():
     rng = np.random.default_rng(3)
     a = rng.normal(100, 1, 40)
-    assert cmp.rank_test_p(a, a + 5) < 1e-6
-    assert cmp.rank_test_p(a, a) == 1.0
-    assert cmp.rank_test_p(a, []) == 1.0
+    assert stats.rank_test_p(a, a + 5) < 1e-6
+    assert stats.rank_test_p(a, a) == 1.0
+    assert stats.rank_test_p(a, []) == 1.0
 
 
 # ---- verdicts --------------------------------------------------------------------------------------
@@ -193,8 +194,8 @@ def test_noise_is_not_called_a_regression():
     for trial in range(n_trials):
         base = variant("bsp", noisy_samples(rng, 200.0, 40))
         new = variant("bsp", noisy_samples(rng, 200.0, 40))
-        row = cmp.compare_pair(base, new, threshold=0.0, confidence=confidence, rng=np.random.default_rng(trial))
-        verdict_5 = cmp.verdict_of(row["ci_low"], row["ci_high"], row["significant"], 0.05)
+        row = stats.compare_pair(base, new, threshold=0.0, confidence=confidence, rng=np.random.default_rng(trial))
+        verdict_5 = stats.verdict_of(row["ci_low"], row["ci_high"], row["significant"], 0.05)
         calls += row["verdict"] != "same"
         calls_5 += verdict_5 != "same"
         if verdict_5 != "same":
@@ -281,10 +282,10 @@ def test_a_planted_ten_percent_slowdown_is_caught(tmp_path):
 
 
 def test_blocks_follow_the_runs_rounds():
-    assert cmp.blocks_of(30, {"rounds": 5, "iterations": 30}) == [6] * 5
-    assert cmp.blocks_of(7, {"rounds": 3, "iterations": 7}) == [3, 2, 2]
-    assert cmp.blocks_of(30, {"rounds": 5, "iterations": 20}) == [30]  # not what the metadata says: one block
-    assert cmp.blocks_of(30, {}) == [30] and cmp.blocks_of(30, {"rounds": True, "iterations": 30}) == [30]
+    assert stats.blocks_of(30, {"rounds": 5, "iterations": 30}) == [6] * 5
+    assert stats.blocks_of(7, {"rounds": 3, "iterations": 7}) == [3, 2, 2]
+    assert stats.blocks_of(30, {"rounds": 5, "iterations": 20}) == [30]  # not what the metadata says: one block
+    assert stats.blocks_of(30, {}) == [30] and stats.blocks_of(30, {"rounds": True, "iterations": 30}) == [30]
 
 
 def test_a_drifting_block_widens_the_interval():
@@ -293,8 +294,8 @@ def test_a_drifting_block_widens_the_interval():
     rng = np.random.default_rng(4)
     blocks = [100 * (1 + rng.normal(0, 0.05)) for _ in range(5)]
     x = np.concatenate([b * (1 + rng.normal(0, 0.005, 6)) for b in blocks])
-    plain = cmp.bootstrap_iqms(x, 4000, np.random.default_rng(1))
-    two_level = cmp.bootstrap_iqms(x, 4000, np.random.default_rng(1), [6] * 5)
+    plain = stats.bootstrap_iqms(x, 4000, np.random.default_rng(1))
+    two_level = stats.bootstrap_iqms(x, 4000, np.random.default_rng(1), [6] * 5)
     assert np.ptp(np.quantile(two_level, [0.025, 0.975])) > 1.5 * np.ptp(np.quantile(plain, [0.025, 0.975]))
     assert np.isfinite(two_level).all() and len(two_level) == 4000
 

@@ -15,7 +15,7 @@ import torch
 
 from taxes.run.cases import rel_error
 from taxes.kernels.decode_local import attention_partial_f32
-from taxes.kernels.runtime import interpreting
+from taxes.kernels.device import interpreting
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import decode_probe as dp  # noqa: E402

@@ -25,7 +25,8 @@ from taxes.kernels.decode_local import (
     resolve,
     split_count,
 )
-from taxes.kernels.runtime import interpreting, launch
+from taxes.kernels.device import interpreting
+from taxes.kernels.runtime import launch
 
 pytestmark = pytest.mark.skipif(not interpreting(), reason="triton was imported before TRITON_INTERPRET was set")
 

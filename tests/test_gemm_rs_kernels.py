@@ -19,7 +19,9 @@ import torch
 
 from taxes.run.cases import rel_error
 from taxes.kernels import gemm_rs as rs
-from taxes.kernels.runtime import RankError, interpreting, launch
+from taxes.kernels.device import interpreting
+from taxes.kernels.rank import RankError
+from taxes.kernels.runtime import launch
 
 pytestmark = pytest.mark.skipif(not interpreting(), reason="triton was imported before TRITON_INTERPRET was set")
 

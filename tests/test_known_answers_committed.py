@@ -15,7 +15,7 @@ from committed import committed
 @pytest.fixture(scope="module")
 def run():
     from taxes.traces.records import raw_from_columns
-    from taxes.run.planted import attributed
+    from taxes.run.planted_answers import attributed
 
     doc = json.loads(committed("reports/known_answer/h100-x1.json").read_text())
     recs = json.loads(gzip.decompress(committed("reports/known_answer/h100-x1.records.json.gz").read_bytes()))
@@ -82,7 +82,8 @@ def test_the_device_bound_known_answers_follow_from_their_committed_traces(tmp_p
 def test_the_late_rank_rows_follow_from_the_records_by_todays_rules(world):
     # the first run on 2 and 4 H100s: every late-rank case's recovered sync wait, recomputed from its raw
     # records, is what the committed document says, and so is the truth (the plain samples are stored)
-    from taxes.run.planted import late_rows, results_from_records
+    from taxes.run.planted_answers import late_rows
+    from taxes.run.planted_records import results_from_records
 
     doc = json.loads(committed(f"reports/known_answer/h100-x{world}-1.json").read_text())
     recs = json.loads(gzip.decompress(committed(f"reports/known_answer/h100-x{world}-1.records.json.gz").read_bytes()))

@@ -22,7 +22,8 @@ from taxes.kernels import ag_gemm as ag
 from taxes.kernels import gemm_rs as rs
 from taxes.kernels import tp_mlp as mlp
 from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
-from taxes.kernels.runtime import interpreting, launch
+from taxes.kernels.device import interpreting
+from taxes.kernels.runtime import launch
 
 TINY_AG = ag.Config(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2, copiers=2, chunk_rows=8,
                     copy_block=256, grid=4)
@@ -197,7 +198,7 @@ def test_gemm_rs_bindings_follow_the_buffers(world, producer):
 
 
 def _mlp_rotation(ctx, M, H, F):
-    from taxes.kernels.runtime import round_bf16_like_a_gpu
+    from taxes.kernels.device import round_bf16_like_a_gpu
 
     round_bf16_like_a_gpu()  # as the GPU rounds (tests/test_tp_mlp.py): four bf16 stores in a row
     dtype = torch.bfloat16

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from taxes.model import predict as model
 from taxes.errors import TaxesError
 from taxes.model.hardware import BUILTIN
-from taxes.model.predict import COMPONENTS, TAXES, ModelOptions, floor_of, predict, predict_all
+from taxes.method import TAXES
+from taxes.model.predict import COMPONENTS, ModelOptions, floor_of, predict, predict_all
 from taxes.variants import get, model_names
 from taxes.workloads import WORKLOADS, make_workload, model_variants
 

@@ -55,7 +55,8 @@ def test_a_late_rank_on_emulated_ranks_is_recovered_as_the_other_ranks_sync_wait
             assert 0.6 * delay <= r["recovered_us"] <= 1.3 * delay, r
             assert 0.6 * r["planted_us"] <= r["recovered_us"] <= 1.3 * r["planted_us"], r
         assert r["recovered_us"] > 0.2 * delay, r
-    from taxes.run.planted import late_rows, results_from_records
+    from taxes.run.planted_answers import late_rows
+    from taxes.run.planted_records import results_from_records
 
     again = {r["case"]: r for r in late_rows(results_from_records(json.loads(gzip.decompress(rec.read_bytes()))))}
     for r in late:  # the records keep what the rows need

@@ -42,7 +42,9 @@ from taxes.documents import results
 from taxes.cli.main import cli
 from taxes.errors import TaxesError
 from taxes.kernels import runtime
-from taxes.kernels.runtime import RankContext, RankError, SymmetricHeap, interpreting, launch
+from taxes.kernels.device import interpreting
+from taxes.kernels.rank import RankContext, RankError, SymmetricHeap
+from taxes.kernels.runtime import launch
 from taxes.kernels.sync import FlagTimeout, wait_for_flag
 from taxes.workloads import make_workload
 
@@ -547,7 +549,7 @@ def test_flash_decode_memory_estimate_covers_what_the_kernel_allocates(monkeypat
     _count_private(monkeypatch, ctx)
     fd.FlashDecode(ctx, B, Hq, Hkv, D, S, torch.bfloat16, variant, Config(splits=0))
     w = make_workload("flash-decode", {"B": B, "Hq": Hq, "Hkv": Hkv, "D": D, "S": S}, p)
-    monkeypatch.setattr(preflight, "SM_COUNT", 4)  # the CPU stand-in's SM count (kernels/runtime.py)
+    monkeypatch.setattr(preflight, "SM_COUNT", 4)  # the CPU stand-in's SM count (kernels/device.py)
     est = preflight.memory_breakdown(w, variant, check=False)
     monkeypatch.undo()
     assert ctx.heap._top <= est["symmetric heap"]

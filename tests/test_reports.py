@@ -20,8 +20,12 @@ from _util import assert_one_line, assert_self_contained_html, assert_valid_png,
 from committed import committed
 from taxes.documents import results
 from taxes.errors import TaxesError
-from taxes.model.predict import COMPONENT_TITLES, COMPONENTS, TAXES
+from taxes.method import PERTURBED, TAXES
+from taxes.model.predict import COMPONENT_TITLES, COMPONENTS
 from taxes.reports import plots, render
+from taxes.reports import rows as report_rows
+from taxes.reports import verdict as report_verdict
+from taxes.sanitize import markdown as md_escape
 
 DATA = Path(__file__).parent / "data" / "documents"
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +79,7 @@ def test_markdown_report_leads_with_title_marks_and_summary(model_doc):
     assert lines[0] == "# ag-gemm, gemm-rs, flash-decode (3 cases) on h200-sxm (model), world 2"
     assert any(line.startswith("> **PREDICTED**") for line in lines[:6])
     first_table = _md_tables(text)[0]
-    assert first_table[0] == [h for h in render.SUMMARY_HEADER if h != "checks"]  # a model has no checks
+    assert first_table[0] == [h for h in report_verdict.SUMMARY_HEADER if h != "checks"]  # a model has no checks
     assert text.index("## Summary") < min(text.index(f"## {plots.case_title(c)}") for c in model_doc["cases"])
     for case, row in zip(model_doc["cases"], first_table[1:]):
         e2e = {v["variant"]: v["e2e_us"]["median"] for v in case["variants"]}
@@ -95,8 +99,8 @@ def test_markdown_report_details_per_case(model_doc):
         assert all(len(row) == len(table[0]) for row in table)  # a well-formed table
         assert table[0][1:] == [v["variant"] for v in case["variants"]]
         rows = {row[0]: row[1:] for row in table}
-        assert render.E2E_ROW not in rows  # a model has no interquartile mean: its row says predicted
-        for v, cell in zip(case["variants"], rows[render.E2E_ROW_MODEL]):
+        assert report_rows.E2E_ROW not in rows  # a model has no interquartile mean: its row says predicted
+        for v, cell in zip(case["variants"], rows[report_rows.E2E_ROW_MODEL]):
             assert _number(cell) == pytest.approx(v["e2e_us"]["median"], abs=0.051)
             assert cell.endswith(" p")
         for comp in COMPONENTS:
@@ -119,8 +123,8 @@ def test_measured_variants_show_one_e2e_named_and_what_their_rows_add_up_to(emul
     case = emulated_doc["cases"][0]
     table = next(t for t in _md_tables(text) if t[0][0] == "us per iteration")
     rows = {row[0]: row[1:] for row in table}
-    assert [r[0] for r in table].count(render.E2E_ROW) == 1  # one E2E per variant, its statistic named
-    for v, e2e, added, cost in zip(case["variants"], rows[render.E2E_ROW], rows["rows add up to (instrumented E2E)"],
+    assert [r[0] for r in table].count(report_rows.E2E_ROW) == 1  # one E2E per variant, its statistic named
+    for v, e2e, added, cost in zip(case["variants"], rows[report_rows.E2E_ROW], rows["rows add up to (instrumented E2E)"],
                                    rows["measurement cost (instrumented - plain)"]):
         per_iter = np.max(np.asarray(v["samples_us"]), axis=0)
         assert _number(e2e) == pytest.approx(_iqm(per_iter), abs=0.051)  # the interquartile mean of the samples
@@ -132,14 +136,14 @@ def test_measured_variants_show_one_e2e_named_and_what_their_rows_add_up_to(emul
         assert _number(added) == pytest.approx(overall, abs=0.1)  # the rows below do add up to it
         share = (v["attributed_e2e_us"] - v["plain_e2e_us"]) / v["plain_e2e_us"]
         assert _number(cost) == pytest.approx(v["attributed_e2e_us"] - v["plain_e2e_us"], abs=0.051)
-        assert cost.endswith("PERTURBED") == (share > 0.03)
+        assert cost.endswith("PERTURBED") == (share > PERTURBED)
     assert "[p10-p90] their 10th and 90th percentiles" in text
 
 
 @pytest.mark.parametrize("view", ["md", "terminal", "html", "json"])
 def test_emulated_and_perturbed_runs_are_marked_in_every_view(emulated_doc, view):
     perturbed = [v["variant"] for v in emulated_doc["cases"][0]["variants"]
-                 if v["measurement_cost_us"] > 0.03 * v["plain_e2e_us"]]
+                 if v["measurement_cost_us"] > PERTURBED * v["plain_e2e_us"]]
     assert perturbed  # the fixture has some: interpreted fused kernels cost more to trace
     if view == "json":
         rep = json.loads(render.render_json(emulated_doc))["report"]
@@ -297,7 +301,7 @@ def test_stacked_bars_label_the_e2e_the_tables_print_and_clip_nothing(emulated_d
     assert not _overlaps(labels)
     assert [lo <= t.get_position()[1] <= hi for t in ax.texts] == [True] * len(ax.texts)
     for (text, _), v in zip(labels, case["variants"]):
-        assert text.split("\n")[0] == f"{render.e2e_of(v):,.0f} us (IQM)"  # the E2E of the tables, not the rows'
+        assert text.split("\n")[0] == f"{report_verdict.e2e_of(v):,.0f} us (IQM)"  # the E2E of the tables, not the rows'
     plt.close(fig)
     assert_valid_png(plots.stacked_bars(case))
     assert_valid_svg(plots.stacked_bars(case, "svg"))
@@ -464,7 +468,7 @@ def test_the_verdict_names_the_largest_cost_whatever_its_kind(traced_paths):
     """Defect: a step 74% host-bound headlined 'best variant: trace' and bulk-sync 16%; the host-bound time
     appeared only in lower tables."""
     doc = _host_bound_step(_analyze_document(traced_paths))
-    header, rows, _ = render.summary_rows(doc)
+    header, rows, _ = report_verdict.summary_rows(doc)
     verdict = " | ".join(rows[0])
     assert "host-bound 740.0 (74%); bulk-synchronous 160.0 (16%)" in verdict, verdict  # the largest first
     md = render.render_markdown(doc)
@@ -474,11 +478,11 @@ def test_the_verdict_names_the_largest_cost_whatever_its_kind(traced_paths):
 def test_the_measured_versions_are_shown_never_none(traced_paths):
     """Defect: the metadata line of an analysed trace printed 'torch None, triton None'."""
     doc = _analyze_document(traced_paths)
-    line = render._meta_line(doc)
+    line = report_rows.meta_line(doc)
     assert "None" not in line
     assert "CUDA 12.8, NCCL 2.21.5, torch and triton not recorded in the traces" in line
     doc["metadata"].update(torch_version="2.6.0", triton_version="3.2.0")
-    assert render._meta_line(doc).endswith("torch 2.6.0, triton 3.2.0, CUDA 12.8, NCCL 2.21.5")
+    assert report_rows.meta_line(doc).endswith("torch 2.6.0, triton 3.2.0, CUDA 12.8, NCCL 2.21.5")
 
 
 class _Sections(html.parser.HTMLParser):
@@ -544,7 +548,7 @@ def test_every_section_of_analyze_survives_json_then_report(traced_paths, tmp_pa
         assert any(t.startswith(name) for t in shown), name  # what analyze shows ...
     assert shown == reported  # ... every section, every row, after the document went through JSON
     md = run.invoke(cli, ["report", str(tmp_path / "doc.json"), "--format", "md"]).output
-    assert all(f"### {render.md_escape(t)}" in md for t in shown if t != "Per rank")
+    assert all(f"### {md_escape(t)}" in md for t in shown if t != "Per rank")
 
 
 def test_the_summary_stays_one_table_at_80_columns():
@@ -558,7 +562,7 @@ def test_the_summary_stays_one_table_at_80_columns():
     summary = text[:text.index("FAILED check") if "FAILED check" in text else text.index("us per iteration")]
     assert summary.count("summary") == 1 and "(1 of" not in summary
     assert all(len(line) <= 80 for line in summary.splitlines())
-    header, rows, _ = render.summary_rows(doc)
+    header, rows, _ = report_verdict.summary_rows(doc)
     words = " ".join(" ".join(re.split(r"[│┃]", line)) for line in summary.splitlines()).split()
     for cell in [*header, *(c for r in rows for c in r)]:  # every word of every cell, none cut
         for w in cell.split():

@@ -13,7 +13,8 @@ import pytest
 from rank_jobs import SMALL, ag_gemm_job, flash_decode_job
 
 from taxes.kernels import ag_gemm as ag
-from taxes.kernels.runtime import interpreting, launch
+from taxes.kernels.device import interpreting
+from taxes.kernels.runtime import launch
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not interpreting(), reason="triton was imported before TRITON_INTERPRET was set")]

@@ -25,7 +25,8 @@ from taxes.model.hardware import BUILTIN
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels import gemm_rs as rs
 from taxes.kernels import tp_mlp as mlp
-from taxes.kernels.runtime import interpreting, launch, round_bf16_like_a_gpu
+from taxes.kernels.device import interpreting, round_bf16_like_a_gpu
+from taxes.kernels.runtime import launch
 from taxes.model.predict import COMPONENTS, predict, predict_all
 from taxes.variants import model_names
 from taxes.workloads import make_workload, parse_shape

@@ -38,10 +38,9 @@ from taxes.traces.kineto import name_rank
 from taxes.traces.steps import flag_steps
 from taxes.traces.stream import check_regular, one_line
 from taxes.traces.timeline import merge
+from taxes.method import PERTURBED, STATISTIC  # noqa: F401  (the analysis document reads them from here)
 
-STATISTIC = "interquartile mean"
 RULES = "one-timeline rules 2 (taxes.attribution.attribute), trace rules 2 (taxes.attribution.analyze)"
-PERTURBED = 0.03
 MAX_SIDE_FILE_BYTES = 64 << 20  # --plain files
 # Rows a trace cannot give without more evidence: what to record (or give) to get them.
 NO_FLOOR = ("no floor is known for an arbitrary program's kernels (taxes profile measures it for its own "

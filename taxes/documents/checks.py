@@ -6,7 +6,7 @@ is read or derived from what the document stores, so the checks of a committed d
 any machine.
 
 - closure: the overall rows add up to attributed_e2e_us (the E2E printed above them); limit 0.1%.
-- measurement: measurement cost / plain E2E (interquartile means); limit 3% (over it: perturbed). With
+- measurement: measurement cost / plain E2E (interquartile means); limit PERTURBED, 3% (over it: perturbed). With
   several ranks its cause is named: the quickest rank's own change, against the change of the ranks'
   spread (the harness's barrier under the clock).
 - unattributed: unattributed / attributed E2E, with its sign; limit 5% either way. A miss is a finding
@@ -22,10 +22,15 @@ import math
 
 import pandas as pd
 
+from taxes.method import PERTURBED
 from taxes.documents.results import rows_state
 
-LIMITS = {"closure": 0.001, "measurement": 0.03, "unattributed": 0.05, "ladder": 0.20}
 COLUMNS = ["check", "workload", "shape", "variant", "where", "value", "reference", "error", "limit", "ok", "cause"]
+
+
+def limits() -> dict[str, float]:
+    """Each check's limit; the measurement's is the method's PERTURBED, so a perturbed variant fails it."""
+    return {"closure": 0.001, "measurement": PERTURBED, "unattributed": 0.05, "ladder": 0.20}
 
 
 def _shape(case: dict) -> str:
@@ -37,7 +42,7 @@ def _overall(var: dict) -> dict:
 
 
 def _row(check, case, variant, where, value, reference, error, signed: bool = True) -> dict:
-    limit = LIMITS[check]
+    limit = limits()[check]
     ok = error is not None and math.isfinite(error) and (abs(error) <= limit if signed else error <= limit)
     return {"check": check, "workload": case["workload"], "shape": _shape(case), "variant": variant, "where": where,
             "value": value, "reference": reference, "error": error, "limit": limit, "ok": bool(ok), "cause": ""}
@@ -142,7 +147,7 @@ def ladder_cause(pair: dict) -> str:
         return "unexplained"
     agree = (pair["timeline_us"] - inst) / inst
     spread = max(pair.get("plain_spread_us") or [0.0])
-    if abs(agree) <= LIMITS["ladder"]:
+    if abs(agree) <= limits()["ladder"]:
         return (f"the timeline agrees with the instrumented runs' ladder ({inst:.1f} us, {100 * agree:+.1f}%); the plain "
                 f"ladder differs from it by {pair['plain_us'] - inst:+.1f} us: run-to-run variance (the plain runs' "
                 f"p10-p90 spread is up to {spread:.1f} us) or measurement cost")
@@ -170,7 +175,7 @@ def checks_summary(frame: pd.DataFrame) -> pd.DataFrame:
     for check, grp in frame.groupby("check", sort=False):
         errs = grp["error"].dropna()
         worst = errs.loc[errs.abs().idxmax()] if len(errs) else None
-        out.append({"check": check, "limit": LIMITS[check], "ok": int(grp["ok"].sum()), "of": len(grp),
+        out.append({"check": check, "limit": limits()[check], "ok": int(grp["ok"].sum()), "of": len(grp),
                     "worst_error": worst})
     return pd.DataFrame(out, columns=["check", "limit", "ok", "of", "worst_error"])
 

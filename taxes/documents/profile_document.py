@@ -27,13 +27,12 @@ from taxes.attribution import attribute as att
 from taxes.model.floor import floor_of, kernel_floor_us
 from taxes.model.hardware import HardwareProfile
 from taxes.traces.records import assemble_ranks, phase_order, raw_from_columns, raw_to_columns
+from taxes.method import PERTURBED, STATISTIC
 from taxes.documents.results import TIMED_PLAIN
 from taxes.traces.timeline import Timeline
 from taxes.variants import get, lookup
 from taxes.workloads import make_workload
 
-STATISTIC = "interquartile mean"
-PERTURBED = 0.03  # measurement cost above this share of plain E2E marks a variant perturbed
 RULES = "one-timeline rules 2 (taxes.attribution.attribute)"
 
 

@@ -202,7 +202,7 @@ def model_document(predictions: list[list[Prediction]], hardware: str, world: in
 # The document's structure, types and bounds are the published JSON Schema (taxes/documents/schema/result-v1.json);
 # what a schema cannot say is checked here, after it.
 
-from taxes.sanitize import json_type, one_line  # noqa: E402  (one_line stays importable from here)
+from taxes.sanitize import json_type, one_line, reject_constant  # noqa: E402  (one_line stays importable from here)
 
 
 def _fail(origin: str, where: str, what: str):
@@ -315,14 +315,10 @@ def _all_finite(values: list) -> bool | None:
 # ---- load / save ----------------------------------------------------------------------------------
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def loads(text: str, origin: str = "result") -> dict:
     """Parse and validate a document (JSON text; NaN, Infinity and over-deep nesting refused)."""
     try:
-        doc = json.loads(text, parse_constant=_reject_constant)
+        doc = json.loads(text, parse_constant=reject_constant)
     except RecursionError:
         raise TaxesError(one_line(f"{origin}: not a result document (nested too deeply)")) from None
     except ValueError as e:  # also: integers of more than 4300 digits (Python's int_max_str_digits)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from taxes.errors import TaxesError
-from taxes.sanitize import json_type, one_line
+from taxes.sanitize import json_type, one_line, reject_constant
 
 PROFILE_SCHEMA = "taxes.hardware"
 PROFILE_VERSION = 1
@@ -454,17 +454,13 @@ def load_profile_file(path: str | Path) -> HardwareProfile:
     except UnicodeDecodeError:
         raise _bad(origin, "not a hardware profile (not UTF-8 text)") from None
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=reject_constant)
     except RecursionError:
         raise _bad(origin, "not valid JSON for a hardware profile (nested too deeply)") from None
     except ValueError as e:  # also: integers of more than 4300 digits (Python's int_max_str_digits)
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise _bad(origin, f"not valid JSON ({why})") from None
     return profile_from_dict(data, origin=origin)
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a number JSON allows")
 
 
 

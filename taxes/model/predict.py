@@ -28,6 +28,7 @@ from taxes.model.floor import Floor, floor_of
 from taxes.model.hardware import HardwareProfile
 from taxes.model.steps import STEPS as _STEPS
 from taxes.model.steps import ModelOptions, Step
+from taxes.method import TAXES
 from taxes.variants import model_names, modelled
 from taxes.workloads import Workload, replace_dim
 
@@ -36,11 +37,6 @@ from taxes.workloads import Workload, replace_dim
 # signed difference between the kernels' own floors and the floor plus locality) are in no tax.
 COMPONENTS = ("ideal", "start_skew", "sync_wait", "exposed_transfer", "locality", "launch", "inefficiency",
               "unattributed")
-TAXES = {
-    "bulk-synchronous": ("sync_wait", "exposed_transfer"),
-    "data-locality": ("locality",),
-    "kernel-launch": ("launch",),
-}
 COMMUNICATION = ("start_skew", "sync_wait", "exposed_transfer")  # parts that only a peer can cause
 COMPONENT_TITLES = {
     "ideal": "ideal (floor)",

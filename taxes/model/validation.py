@@ -22,7 +22,8 @@ import re
 from pathlib import Path
 
 from taxes.errors import TaxesError
-from taxes.model.predict import TAXES, predict
+from taxes.method import TAXES
+from taxes.model.predict import predict
 from taxes.variants import lookup
 from taxes.workloads import DEFAULT_SHAPES, WORKLOADS, make_workload, parse_int
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from taxes.sanitize import printable
+
 MAX_ROWS = 60  # rows per table; the document holds every one
 NOT_MEASURED = "not measured"
 STEP_ROWS = ("launch", "host_bound", "sync", "compile", "data_loading", "graph_gaps", "queued", "sync_wait",
@@ -148,3 +150,9 @@ def _intermediates(ta: dict) -> Table | None:
             ["rank", "written by", "read by", "evidence", "times", "MB moved"],
             [[str(k[0]), _cut(k[1], 40), _cut(k[2], 40), k[3], str(n), f"{mb / 1e6:,.2f}"]
              for k, (n, mb) in sorted(moved.items(), key=lambda kv: _sort_key(kv[0]))][:MAX_ROWS])
+
+
+def trace_warnings(doc: dict) -> list[str]:
+    """What `taxes analyze` warned about the traces (the document keeps it)."""
+    return [printable(w) for w in doc["metadata"].get("warnings") or [] if isinstance(w, str)] \
+        if doc["metadata"].get("source") == "trace" else []

@@ -1,5 +1,5 @@
 """The report of a `taxes analyze` document in every format (table, Markdown, HTML): what every report of a
-result document shows first (taxes.reports.render.html_view), then the analysis's own tables
+result document shows first (taxes.reports.html.html_view), then the analysis's own tables
 (taxes.reports.analysis) and the warnings. The rows the traces cannot support read "not measured" wherever
 they appear, a NOT MEASURED mark names what to record to get them, and an UNTRUSTED mark says when the
 record cost too much of the plain step for its waits to describe the program. Everything is read from the
@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import html
 
-from taxes.attribution.attribute import TAXES
-from taxes.reports import render
-from taxes.reports.analysis import NOT_MEASURED, not_measured, trace_sections, untrusted
+from taxes.method import TAXES
+from taxes.reports import html as html_report
+from taxes.reports.analysis import NOT_MEASURED, not_measured, trace_sections, trace_warnings, untrusted
+from taxes.reports.markdown_table import md_table
+from taxes.reports.rows import meta_line
 from taxes.reports.plots import COMPONENT_TITLES
 from taxes.sanitize import markdown as md
 
@@ -20,8 +22,8 @@ LABELS = "labels: m measured, d derived, p predicted; times in us per step"
 
 
 def report_view(doc: dict, images: bool) -> dict:
-    """render.html_view's view of the document, its not-measured rows marked (module docstring)."""
-    view = render.html_view(doc, images=images)
+    """html_report.html_view's view of the document, its not-measured rows marked (module docstring)."""
+    view = html_report.html_view(doc, images=images)
     missing = {k: why for k, why in not_measured(doc).items() if k in COMPONENT_TITLES}
     titles = {COMPONENT_TITLES[k] for k in missing} | {f"= {t} tax" for t, parts in TAXES.items()
                                                         if any(p in missing for p in parts)}
@@ -47,34 +49,34 @@ def report_view(doc: dict, images: bool) -> dict:
 
 def meta_line(doc: dict) -> str:
     """The line naming the machine, the versions and the statistic."""
-    return render._meta_line(doc)
+    return meta_line(doc)
 
 
 def render_markdown(doc: dict) -> str:
-    view, warnings = report_view(doc, images=False), render.trace_warnings(doc)
+    view, warnings = report_view(doc, images=False), trace_warnings(doc)
     out = [f"# {md(view['title'])}", ""]
     out += [line for mark, why in view["marks"] for line in (f"> **{mark}**: {md(why)}", "")]
     out += [md(view["meta"]), ""]
     if view["summary"]["rows"]:
-        out += ["## Summary", "", render.md_table(view["summary"]["header"], view["summary"]["rows"]), ""]
+        out += ["## Summary", "", md_table(view["summary"]["header"], view["summary"]["rows"]), ""]
     out += [f"- **FAILED** check: {md(line)}" for line in view["failed_checks"]] + ([""] if view["failed_checks"] else [])
     out += [f"- **warning:** {md(w)}" for w in warnings] + ([""] if warnings else [])
     out += [md(view["legend"]), ""]
     for case in view["cases"]:
         out += [f"## {md(case['title'])}", ""]
         for t in case["tables"]:
-            out += ([f"{t['title'].capitalize()}:", ""] if t["title"] else []) + [render.md_table(t["header"], t["rows"]), ""]
+            out += ([f"{t['title'].capitalize()}:", ""] if t["title"] else []) + [md_table(t["header"], t["rows"]), ""]
     for title, header, rows in trace_sections(doc):
-        out += [f"### {md(title)}", "", render.md_table(header, rows), ""]
+        out += [f"### {md(title)}", "", md_table(header, rows), ""]
     return "\n".join(out)
 
 
 def render_html(doc: dict) -> str:
     """One self-contained page: the document's report with its charts, then the analysis's tables."""
-    view, warnings = report_view(doc, images=True), render.trace_warnings(doc)
-    page = render._environment().get_template("report.html.j2").render(page_title=view["title"], docs=[view],
-                                                                        css=render._CSS)
-    extra = "".join(f"<h3>{html.escape(t)}</h3>" + render._html_table(h, r) for t, h, r in trace_sections(doc))
+    view, warnings = report_view(doc, images=True), trace_warnings(doc)
+    page = html_report._environment().get_template("report.html.j2").render(page_title=view["title"], docs=[view],
+                                                                        css=html_report._CSS)
+    extra = "".join(f"<h3>{html.escape(t)}</h3>" + html_report._html_table(h, r) for t, h, r in trace_sections(doc))
     warn = "".join(f"<p class='meta'><b>warning:</b> {html.escape(w)}</p>" for w in warnings)
     return page.replace("</body>", warn + extra + "</body>") if "</body>" in page else page + warn + extra
 

@@ -11,7 +11,7 @@ def _us(x) -> str:
 
 def detail_rows(frame, failing_only: bool = True) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the check rows: the failing ones, or all."""
-    from taxes.reports.render import pct
+    from taxes.reports.rows import pct
 
     detail = frame[~frame["ok"]] if failing_only else frame
     return DETAIL_HEADER, [[r.check, r.workload, r.shape, r.variant, r.where, _us(r.value), _us(r.reference),
@@ -20,7 +20,8 @@ def detail_rows(frame, failing_only: bool = True) -> tuple[list[str], list[list[
 
 def check_markdown(frame, failing_only: bool = True) -> str:
     """A summary table per check, then the rows that fail (or all rows)."""
-    from taxes.reports.render import checks_summary_rows, md_table
+    from taxes.reports.markdown_table import md_table
+    from taxes.reports.rows import checks_summary_rows
 
     out = [md_table(*checks_summary_rows(frame)), ""]
     header, rows = detail_rows(frame, failing_only)
@@ -31,7 +32,7 @@ def check_markdown(frame, failing_only: bool = True) -> str:
 
 def check_terminal(frame, console, failing_only: bool = True) -> None:
     from taxes.console import print_table
-    from taxes.reports.render import checks_summary_rows
+    from taxes.reports.rows import checks_summary_rows
 
     print_table(console, "checks", *checks_summary_rows(frame))
     header, rows = detail_rows(frame, failing_only)

@@ -56,7 +56,7 @@ def sweep_terminal(dim, values, preds, console):
 
 
 def sweep_markdown(dim, values, preds) -> str:
-    from taxes.reports.render import md_table
+    from taxes.reports.markdown_table import md_table
 
     return md_table(*sweep_rows(dim, values, preds)) + "\n"
 

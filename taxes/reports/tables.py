@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def table_markdown(header: list[str], rows: list[list[str]], title: str | None = None) -> str:
-    from taxes.reports.render import md_table
+    from taxes.reports.markdown_table import md_table
     from taxes.sanitize import markdown
 
     return (f"## {markdown(title)}\n\n" if title else "") + md_table(header, rows) + "\n"

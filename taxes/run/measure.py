@@ -60,7 +60,7 @@ def rank_job(ctx, job) -> dict:
     import torch
 
     if ctx.backend != "cuda":  # emulated: bf16 stores rounded as on a GPU, not truncated
-        from taxes.kernels.runtime import round_bf16_like_a_gpu
+        from taxes.kernels.device import round_bf16_like_a_gpu
 
         round_bf16_like_a_gpu()
     warm_clocks(ctx, 2.0)

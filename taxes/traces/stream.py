@@ -29,6 +29,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from taxes.errors import TaxesError
+from taxes.sanitize import reject_constant
 
 CHUNK_BYTES = 8 << 20
 REFILL_CHARS = 1 << 20  # keep at least this much text ahead of the cursor, so most events decode in one go
@@ -44,10 +45,6 @@ def one_line(message: str) -> TaxesError:
     """The error as one printable line: a file or kernel name may hold line breaks or control bytes."""
     text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(message))
     return TaxesError(text if len(text) <= 400 else text[:397] + "...")
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def file_kind(path) -> str | None:
@@ -89,7 +86,7 @@ class TraceStream:
         self.limit = limit
         self.special = special  # read FIFOs and devices too (the caller asked for them)
         self.meta: dict = {}
-        self._decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=Decimal if exact else float)
+        self._decoder = json.JSONDecoder(parse_constant=reject_constant, parse_float=Decimal if exact else float)
         self._scan = self._decoder.scan_once
         self._raw = None
         self._file = None

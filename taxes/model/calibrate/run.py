@@ -36,6 +36,7 @@ from taxes.errors import TaxesError
 from taxes.model.hardware import HardwareProfile
 from taxes.run.harness import gpu_metadata, sleep_cycles_per_us
 from taxes.kernels import runtime
+from taxes.kernels.rank import RankError
 from taxes.documents.results import write_atomic
 
 NO_GPU = ("calibrate needs CUDA GPUs and this machine has none; `taxes hardware list` shows the built-in "
@@ -129,7 +130,7 @@ def run_calibration(world: int, base: HardwareProfile, quick: bool, name: str, p
             results = runtime.launch(job, world, base, quick, name, peaks, tmp, backend="cuda",
                              heap_bytes=heap_bytes_for(world, quick), timeout_s=timeout_s)
             return results[0]
-        except runtime.RankError as e:
+        except RankError as e:
             readings = read_progress(tmp, world)
             if not any(r.get("figures") for r in readings):
                 raise TaxesError(f"calibration failed before any figure was measured: {e}") from None

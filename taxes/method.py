@@ -1,0 +1,16 @@
+"""The method's shared definitions (docs/method.md), one home each: every builder, check and report reads
+them from here, so a change here changes them all.
+
+- TAXES: which attribution rows (and model components) make up each tax;
+- STATISTIC: the statistic every E2E is given as;
+- PERTURBED: measuring cost above this share of a variant's plain E2E marks it perturbed (and fails the
+  measurement check).
+"""
+
+TAXES = {
+    "bulk-synchronous": ("sync_wait", "exposed_transfer"),
+    "data-locality": ("locality",),
+    "kernel-launch": ("launch",),
+}
+STATISTIC = "interquartile mean"
+PERTURBED = 0.03
