@@ -59,14 +59,15 @@ def calibrate(gpus, base_name, name, output, quick, peaks, timeout_s, fmt, force
                          "built-in and saved profiles that `taxes model` can use instead")
     base = _check_options(gpus, output, force, name, base_name)
     from taxes.model import calibrate as cal
+    from taxes.run import calibrate as measuring
 
-    count = cal.cuda_gpu_count()
+    count = measuring.cuda_gpu_count()
     if count < 1:
-        raise TaxesError(cal.NO_GPU)
+        raise TaxesError(measuring.NO_GPU)
     world = gpus or count
     if world > count:
         raise TaxesError(f"--gpus {world}: this machine has {count} CUDA GPU{'s' if count != 1 else ''}")
-    names = cal.cuda_gpu_names(world)
+    names = measuring.cuda_gpu_names(world)
     base = base or cal.base_for_gpu(names[0])
     from taxes.model.hardware import calibrated_name
 
@@ -77,7 +78,7 @@ def calibrate(gpus, base_name, name, output, quick, peaks, timeout_s, fmt, force
          f"this takes {'under a minute' if quick else 'two to three minutes'}")
     if world == 1:
         _say("one GPU: link, collective, flag and skew figures are kept from the base profile")
-    profile, raw = cal.run_calibration(world, base, quick, name, peaks, timeout_s or (150.0 if quick else 300.0))
+    profile, raw = measuring.run_calibration(world, base, quick, name, peaks, timeout_s or (150.0 if quick else 300.0))
     path = cal.save_profile(profile, output)
 
     _print_figures(profile, base, fmt)

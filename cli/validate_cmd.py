@@ -1,4 +1,4 @@
-"""`taxes validate`: the model against measurement over a grid of shapes (taxes/model/validation.py), or
+"""`taxes validate`: the model against measurement over a grid of shapes (taxes/documents/validation.py), or
 with --planted the attribution against taxes of known size (taxes/run/known_answers.py)."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
         check_output(os.path.join(out_dir, "validation.json"), force, "--out-dir")  # before any work
     if not from_docs and not emulate and surely_no_gpu():
         raise TaxesError(no_gpu("validate") + "; or --from RESULT.json to validate measured documents")
-    from taxes.model import validation
+    from taxes.documents import validation
 
     if from_docs:
         from taxes.documents.profile_document import reattribute
@@ -82,7 +82,7 @@ def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, outp
 
 
 def _print(summary: dict, fmt: str, output: str | None, force: bool) -> None:
-    from taxes.model import validation_table as vt
+    from taxes.reports import validation_table as vt
 
     if fmt == "json":
         import json

@@ -4,7 +4,8 @@ them from here, so a change here changes them all.
 - TAXES: which attribution rows (and model components) make up each tax;
 - STATISTIC: the statistic every E2E is given as;
 - PERTURBED: measuring cost above this share of a variant's plain E2E marks it perturbed (and fails the
-  measurement check).
+  measurement check);
+- TOLERANCE: the largest relative error of a variant's output against the float32 reference that passes.
 """
 
 TAXES = {
@@ -14,3 +15,4 @@ TAXES = {
 }
 STATISTIC = "interquartile mean"
 PERTURBED = 0.03
+TOLERANCE = 1e-2

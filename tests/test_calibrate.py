@@ -22,7 +22,9 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from taxes.model import calibrate as cal
-from taxes.model.calibrate import derive, fits, measurements, plan, run
+from taxes.model.calibrate import derive, fits, plan
+from taxes.run import calibrate as run
+from taxes.run import calibration_measurements as measurements
 from taxes.cli.calibrate_cmd import calibrate as calibrate_command
 from taxes.cli.main import TaxesGroup
 from taxes.errors import TaxesError
@@ -50,7 +52,7 @@ def _noisy(rng, x, n, rel=0.01):
 
 
 def synthetic_ranks(rng: random.Random, world: int = 2, truth: dict = TRUTH, reps: int = 7) -> list[dict]:
-    """Per-rank readings shaped like taxes.model.calibrate.run.measure()'s, generated from `truth` plus noise."""
+    """Per-rank readings shaped like taxes.run.calibrate.measure()'s, generated from `truth` plus noise."""
     t = truth
     flops = 2 * 8192 ** 3
     ranks = []
@@ -487,20 +489,20 @@ def test_run_calibration_on_the_host_side(monkeypatch, outcome):
     monkeypatch.setattr(runtime, "launch", fake_launch)
     if outcome == "nothing measured":
         with pytest.raises(TaxesError, match="before any figure was measured: rank 1 did not finish") as e:
-            cal.run_calibration(2, H200, True, "box", timeout_s=9)
+            run.run_calibration(2, H200, True, "box", timeout_s=9)
         assert_one_line(str(e.value))
     else:
-        prof, raw = cal.run_calibration(2, H200, True, "box", timeout_s=9)
+        prof, raw = run.run_calibration(2, H200, True, "box", timeout_s=9)
         assert prof.name == "box" and prof.hbm_gbps == pytest.approx(TRUTH["hbm_gbps"], rel=0.02)
         if outcome == "cut short":
             assert "did not finish" in raw["run_error"] and "triton_gemm" in raw["failed"]
         else:
             assert "run_error" not in raw
-    assert seen["fn"] is cal.calibrate_job and seen["world"] == 2 and seen["backend"] == "cuda"
+    assert seen["fn"] is run.calibrate_job and seen["world"] == 2 and seen["backend"] == "cuda"
     assert seen["heap"] >= cal.QUICK.peer_bytes and seen["timeout"] == 9
     assert not seen["dir"].exists()  # the progress files are removed either way
     with pytest.raises(TaxesError, match="this machine has 2"):
-        cal.run_calibration(3, H200, True, "box")
+        run.run_calibration(3, H200, True, "box")
 
 
 def test_skew_falls_back_to_collective_spreads_without_clock_offsets():
@@ -691,7 +693,7 @@ def test_installed_command_says_when_there_is_no_gpu_and_writes_nothing(tmp_path
     r = subprocess.run([sys.executable, "-m", "taxes.cli.main", "calibrate", "--quick", "-o", str(tmp_path / "p.json")],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2, r.stderr
-    assert r.stdout == "" and r.stderr.strip().splitlines() == [f"taxes: error: {cal.NO_GPU}"]
+    assert r.stdout == "" and r.stderr.strip().splitlines() == [f"taxes: error: {run.NO_GPU}"]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -812,7 +814,7 @@ def test_quick_calibration_on_gpus(tmp_path, monkeypatch):
     if interpreting() or not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA GPUs and TRITON_INTERPRET=0")
     base = cal.base_for_gpu(torch.cuda.get_device_name(0))
-    prof, raw = cal.run_calibration(2, base, True, "gpu-test", timeout_s=170)
+    prof, raw = run.run_calibration(2, base, True, "gpu-test", timeout_s=170)
     assert raw["failed"] == {}, raw["failed"]
     assert "run_error" not in raw
     d = profile_to_dict(prof)

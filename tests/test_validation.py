@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from _util import assert_one_line, run_cli
 
-from taxes.model import validation
+from taxes.documents import validation
 from taxes.errors import TaxesError
 from taxes.model.hardware import BUILTIN, get_profile
 from taxes.model.predict import predict

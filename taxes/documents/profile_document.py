@@ -61,7 +61,7 @@ def build_document(results: list[dict], job, hw: HardwareProfile, emulated: bool
 
 
 def case_document(results: list[dict], workload: str, world: int, dtype: str, hw: HardwareProfile) -> dict:
-    from taxes.run.cases import TOLERANCE
+    from taxes.method import TOLERANCE
     from taxes.documents.results import case_entry, summarize_samples
 
     w = make_workload(workload, results[0]["shape"], world, dtype)

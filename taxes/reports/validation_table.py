@@ -1,4 +1,4 @@
-"""The validation table (taxes.model.validation.table) as text: per row the E2E and each tax's signed
+"""The validation table (taxes.documents.validation.table) as text: per row the E2E and each tax's signed
 error, then per world the E2E error and the per-tax errors where a tax is at least 5% of E2E."""
 
 from __future__ import annotations

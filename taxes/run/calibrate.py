@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from taxes.model.calibrate.assemble import assemble_profile, json_clean, read_progress, run_metadata
-from taxes.model.calibrate.measurements import (
+from taxes.run.calibration_measurements import (
     device_info,
     error_line,
     measure_combine,
