@@ -141,7 +141,7 @@ def _planted(gpus, emulate, iters, clock, out_dir, timeout_s, records, fmt, outp
         emit(json.dumps(rows, indent=1) + "\n", None)
     elif fmt == "table":
         from taxes.console import print_table, say
-        from taxes.run.planted import summary
+        from taxes.run.planted_answers import summary
 
         show(lambda c: print_table(c, "known answers", header, table, left=2), None, False)
         say(summary(rows))

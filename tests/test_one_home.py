@@ -15,6 +15,7 @@ import pytest
 from taxes.attribution import analyze as A
 from taxes.console import render_text
 from taxes import method
+from taxes.documents.analysis_document import analysis_document
 from taxes.documents import checks, profile_document, results
 from taxes.model.hardware import get_profile
 from taxes.reports import render, verdict
@@ -99,7 +100,7 @@ def _analysis_document(tmp_path: Path) -> dict:
     paths = [str(p) for p in write_tp(tmp_path / "traces")]
     traced = A.analyze(paths).plain["attributed_e2e_us"]
     plain = {r: [traced / (1 + COST_SHARE)] * 8 for r in (0, 1)}
-    return results.loads(results.dumps(A.analysis_document(A.analyze(paths, plain_steps=plain))))
+    return results.loads(results.dumps(analysis_document(A.analyze(paths, plain_steps=plain))))
 
 
 def _measurement_checks(doc: dict):

@@ -14,7 +14,7 @@ from taxes.method import TAXES
 from taxes.reports import html as html_report
 from taxes.reports.analysis import NOT_MEASURED, not_measured, trace_sections, trace_warnings, untrusted
 from taxes.reports.markdown_table import md_table
-from taxes.reports.rows import meta_line
+from taxes.reports import rows as report_rows
 from taxes.reports.plots import COMPONENT_TITLES
 from taxes.sanitize import markdown as md
 
@@ -49,7 +49,7 @@ def report_view(doc: dict, images: bool) -> dict:
 
 def meta_line(doc: dict) -> str:
     """The line naming the machine, the versions and the statistic."""
-    return meta_line(doc)
+    return report_rows.meta_line(doc)
 
 
 def render_markdown(doc: dict) -> str:

@@ -24,7 +24,8 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
     import json
 
     from taxes.kernels.runtime import launch
-    from taxes.run.planted import known_answers, planted_heap_bytes, rank_cases
+    from taxes.run.planted import planted_heap_bytes, rank_cases
+    from taxes.run.planted_answers import known_answers
     from taxes.documents.results import collect_metadata, write_atomic
 
     world = run_world(gpus, emulate)
@@ -48,7 +49,7 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
 
         from taxes.traces.records import raw_to_columns
 
-        from taxes.run.planted import stored_facts
+        from taxes.run.planted_records import stored_facts
 
         recs = {k: [raw_to_columns(r[k]["raw"]) | {"plain_us": list(r[k]["plain"]), "facts": stored_facts(r[k])}
                     for r in results]
