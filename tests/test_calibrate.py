@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from taxes.model import calibrate as cal
 from taxes.model.calibrate import derive, fits, plan
 from taxes.run import calibrate as run
+from taxes.run import calibrate as measuring  # where the command finds the machine and the measuring run
 from taxes.run import calibration_measurements as measurements
 from taxes.cli.calibrate_cmd import calibrate as calibrate_command
 from taxes.cli.main import TaxesGroup
@@ -584,7 +585,7 @@ def calibrate_cli():
 
 
 def test_cli_without_gpus_is_one_line_pointing_to_the_profiles(calibrate_cli, capsys, monkeypatch):
-    monkeypatch.setattr(cal, "cuda_gpu_count", lambda: 0)
+    monkeypatch.setattr(measuring, "cuda_gpu_count", lambda: 0)
     code, out, err = calibrate_cli(["--quick"], capsys)
     assert code == 2 and out == ""
     assert_one_line(err.strip())
@@ -615,21 +616,21 @@ def test_cli_bad_options_are_one_line(calibrate_cli, capsys, args, match):
 
 
 def test_cli_more_gpus_than_the_machine_has(calibrate_cli, capsys, monkeypatch):
-    monkeypatch.setattr(cal, "cuda_gpu_count", lambda: 2)
+    monkeypatch.setattr(measuring, "cuda_gpu_count", lambda: 2)
     code, _, err = calibrate_cli(["--gpus", "4"], capsys)
     assert code == 2 and "has 2 CUDA GPUs" in err
 
 
 def _fake_machine(monkeypatch, ranks, calls):
     """A machine whose calibration run returns the synthetic readings (the measuring needs GPUs)."""
-    monkeypatch.setattr(cal, "cuda_gpu_count", lambda: len(ranks))
-    monkeypatch.setattr(cal, "cuda_gpu_names", lambda n: ["NVIDIA H200"] * n)
+    monkeypatch.setattr(measuring, "cuda_gpu_count", lambda: len(ranks))
+    monkeypatch.setattr(measuring, "cuda_gpu_names", lambda n: ["NVIDIA H200"] * n)
 
     def run(world, base, quick, name, peaks="measured", timeout_s=300.0):
         calls.append((world, base.name, quick, name, peaks, timeout_s))
         return cal.assemble_profile(ranks[:world], base, META, name=name, peaks=peaks)
 
-    monkeypatch.setattr(cal, "run_calibration", run)
+    monkeypatch.setattr(measuring, "run_calibration", run)
 
 
 def test_cli_saves_a_profile_that_model_loads_by_name(calibrate_cli, capsys, monkeypatch, tmp_path):
