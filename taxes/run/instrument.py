@@ -127,7 +127,7 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
         end_ev.synchronize()
     def capture():  # host steps (a planted spin) launch nothing: they run before each replay instead
         for k, inputs in enumerate(input_sets):
-            graphs[k] = _capture([s for s in runner.phases(*inputs, traced=fused) if s[1] != "host"])
+            graphs[k] = capture_graph([s for s in runner.phases(*inputs, traced=fused) if s[1] != "host"])
 
     if graph and on_gpu and not capture_after_start:  # a capture's launches run nothing: no records of them
         capture()
@@ -205,7 +205,7 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
             "shared_origin_us": getattr(rec, "shared_origin_us", None)}
 
 
-def _capture(steps: list):
+def capture_graph(steps: list):
     """One CUDA graph of the steps (run once eagerly first: a real call on every rank, which also warms up)."""
     import torch
 

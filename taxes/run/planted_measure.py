@@ -4,7 +4,7 @@ graph replay of its launching steps."""
 from __future__ import annotations
 
 from taxes.run.harness import time_iterations
-from taxes.run.instrument import make_recorder, record_iterations
+from taxes.run.instrument import capture_graph, make_recorder, record_iterations
 
 
 class Replayed:
@@ -12,20 +12,9 @@ class Replayed:
     host steps (a planted spin), then replays the graph."""
 
     def __init__(self, runner, input_sets: list):
-        import torch
-
         self.runner = runner
-        self.graphs = {}
-        for k, inputs in enumerate(input_sets):
-            steps = [s for s in runner.phases(*inputs) if s[1] != "host"]
-            for _, _, f in steps:
-                f()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _, _, f in steps:
-                    f()
-            self.graphs[id(inputs[0]) if inputs else k] = g
+        self.graphs = {id(inputs[0]) if inputs else k: capture_graph([s for s in runner.phases(*inputs) if s[1] != "host"])
+                       for k, inputs in enumerate(input_sets)}
 
     def phases(self, *inputs, traced: bool = False):
         return self.runner.phases(*inputs, traced=traced)
