@@ -437,8 +437,8 @@ def test_a_peer_timed_plain_is_not_called_older_rules():
 
 @pytest.fixture
 def traced_paths(tmp_path):
-    """Two ranks' traces of a tensor-parallel step (tests/test_analyze.py builds them event by event)."""
-    from test_analyze import write_tp
+    """Two ranks' traces of a tensor-parallel step (tests/_analyze_data.py builds them event by event)."""
+    from _analyze_data import write_tp
 
     return write_tp(tmp_path / "traces")
 
