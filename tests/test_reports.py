@@ -10,7 +10,6 @@ import io
 import json
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,10 +23,6 @@ from taxes.model.predict import COMPONENT_TITLES, COMPONENTS
 from taxes.reports import plots, render
 from taxes.reports import rows as report_rows
 from taxes.reports import verdict as report_verdict
-
-
-DATA = Path(__file__).parent / "data" / "documents"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _md_tables(text: str) -> list[list[list[str]]]:
