@@ -61,3 +61,15 @@ def model_doc(_model_doc_master):
 @pytest.fixture
 def model_predictions(_model_doc_master):
     return _model_doc_master[1]
+
+
+@pytest.fixture
+def emulated_doc():
+    """A real document: `taxes profile ag-gemm --emulate` (M=64,N=64,K=32, 8 iterations), with rows."""
+    import gzip
+    from pathlib import Path
+
+    from taxes.documents import results
+
+    path = Path(__file__).parent / "data" / "documents" / "emulated_ag_gemm.json.gz"
+    return results.loads(gzip.decompress(path.read_bytes()).decode())

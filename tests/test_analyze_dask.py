@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from _util import assert_one_line
 from kineto_build import write_trace
-from test_analyze import REAL_PATHS, write_tp
+from _analyze_data import REAL_PATHS, write_tp
 from test_stragglers import lockstep
 
 from taxes.attribution import analyze as A

@@ -12,17 +12,8 @@ import logging
 import math
 
 import pytest
-from test_analyze import (
-    AR,
-    MM,
-    REAL_PATHS,
-    add_launch,
-    add_step,
-    new_trace,
-    needs_real,
-    write_tp,
-    write_trace,
-)
+from _analyze_data import REAL_PATHS, needs_real, write_tp
+from kineto_build import AR, MM, add_launch, add_step, new_trace, write_trace
 
 from taxes.attribution import analyze as A
 from taxes.traces import kineto

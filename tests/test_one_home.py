@@ -95,7 +95,7 @@ def _builder_entry() -> dict:
 def _analysis_document(tmp_path: Path) -> dict:
     """A `taxes analyze` document of two ranks' traces whose plain steps took 1 / (1 + COST_SHARE) of the
     traced ones."""
-    from test_analyze import write_tp
+    from _analyze_data import write_tp
 
     paths = [str(p) for p in write_tp(tmp_path / "traces")]
     traced = A.analyze(paths).plain["attributed_e2e_us"]

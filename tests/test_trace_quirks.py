@@ -11,9 +11,9 @@ import random
 
 import numpy as np
 import pytest
+from _analyze_data import tp_rank_trace
 from _util import assert_one_line
 from kineto_build import MM, add_launch, add_op, write_trace
-from test_analyze import tp_rank_trace
 
 from taxes.attribution import analyze as A
 from taxes.errors import TaxesError
