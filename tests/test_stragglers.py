@@ -201,3 +201,32 @@ def test_kernels_in_different_orders_on_two_ranks_are_not_paired(tmp_path):
     assert swapped.sum() == 2 and not inst.loc[swapped, "matched"].any(), inst
     assert inst.loc[~swapped, "matched"].all() and (~swapped).sum() == 2
     assert an.summary["rows"]["sync_wait"] < 5.0  # jitter only: nobody was late
+
+
+def test_with_no_collective_matched_sync_wait_is_not_measured_never_zero(tmp_path):
+    """Communication kernels that no rule identifies (here named by a user pattern, so no NCCL order either)
+    leave nothing to wait at: sync wait reads "not measured" with what to record, not 0.0, and the rows the
+    document keeps still add up to the E2E above them."""
+    from taxes.documents.analysis_document import analysis_document
+
+    progs, _ = lockstep(2, 1, 200.0, "host", seed=5)
+    progs = _without_collective_identity(progs)
+    for p in progs:
+        for e in p.tr["doc"]["traceEvents"]:
+            if e.get("name") == AR:
+                e["name"] = "late_comm_kernel"
+    paths = [write_trace(p.tr, tmp_path / f"rank{r}.json") for r, p in enumerate(progs)]
+    an = A.analyze(paths, comm_patterns=("late_comm",))
+    assert "sync_wait" in an.not_measured and "identity" in an.not_measured["sync_wait"]
+    doc = analysis_document(an)
+    var = doc["cases"][0]["variants"][0]
+    assert not any(c["name"] == "sync_wait" for c in var["components"])
+    overall = [c["value_us"] for c in var["components"] if c["rank"] is None]
+    assert sum(overall) == pytest.approx(var["attributed_e2e_us"], rel=1e-3)
+    assert "sync_wait" in var["not_measured"]
+
+
+def test_identified_collectives_keep_sync_wait_measured(tmp_path):
+    progs, _ = lockstep(2, 1, 200.0, "host", seed=5)
+    an = analysed(tmp_path, _without_collective_identity(progs))
+    assert "sync_wait" not in an.not_measured and an.summary["rows"]["sync_wait"] > 100.0

@@ -51,6 +51,8 @@ NOT_MEASURED_WHY = {
 }
 LOCALITY_EVIDENCE = ("record an execution trace (torch.profiler.ExecutionTraceObserver, saved as NAME.et.json beside "
                      "NAME.json, or --et) or record shapes (record_shapes=True)")
+SYNC_EVIDENCE = ("record the collectives' identity (the full record keeps the launching collective op; NCCL "
+                 "kernels are also matched by their order) or name only NCCL's kernels as communication")
 LOCALITY_PRICE = "pass --hardware NAME (taxes hardware list): the GPU has no built-in profile to price bytes with"
 
 
@@ -206,6 +208,12 @@ def analyze(paths, hardware: str | None = None, plain_steps: dict | None = None,
         where = {r: p["where"] for r, p in zip(ranks, parts)}
         if unpriced:
             rows.loc[rows["rank"].isin(unpriced), "locality"] = np.nan
+        unkeyed = sum(t["unkeyed"] for t in by_rank.values())
+        if len(ranks) > 1 and unkeyed and (inst.empty or not inst["matched"].any()):
+            # nothing to wait at: the waits, if any, are inside exposed transfer, not zero
+            not_measured["sync_wait"] = (f"no collective matched across ranks ({unkeyed} communication activities carry "
+                                         f"no collective identity): {SYNC_EVIDENCE}")
+            rows["sync_wait"] = np.nan
         for k in NOT_MEASURED_WHY:
             rows[k] = np.nan
         common = sorted(set.intersection(*[set(rows.loc[rows["rank"] == r, "step"]) for r in ranks])) if len(rows) else []
@@ -224,7 +232,6 @@ def analyze(paths, hardware: str | None = None, plain_steps: dict | None = None,
             n = int((inst["source"] == "kernel-order").sum())
             warnings.append(f"{n} collective instance(s) identified by their kernels' order on each rank (the record "
                             "names no collective): right when every rank issues one order of collectives, as DDP does")
-        unkeyed = sum(t["unkeyed"] for t in by_rank.values())
         if unkeyed:
             warnings.append(f"{unkeyed} communication activities carry no collective identity (no process group and "
                             "sequence number, no launching collective op): their time is exposed transfer, never sync wait")
