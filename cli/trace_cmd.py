@@ -66,7 +66,8 @@ def trace(ctx, out_dir, out_alias, output, force, steps, plain_steps, block, ski
         click.echo(f"taxes: warning: the program exited with {res['returncode']}; the traces are analysed anyway",
                    err=True)
     try:
-        an = A.analyze(list(res["traces"]), hardware_name, plain_steps=A.read_plain(plain_path))
+        plain = A.read_plain(plain_path) if res["plain"] else None  # --plain 0: no plain steps, no measurement cost
+        an = A.analyze(list(res["traces"]), hardware_name, plain_steps=plain)
         for w in an.warnings:
             click.echo(f"taxes: warning: {w}", err=True)
         write_report(analysis_document(an), fmt, report, force=force if output else True)

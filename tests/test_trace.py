@@ -372,3 +372,13 @@ def test_the_record_under_torchrun_is_the_timing_one_where_it_can_record(monkeyp
     monkeypatch.setattr(cupti, "available", lambda: "no CUDA")
     record, why = choose_record(["torchrun", "train.py"], "auto")
     assert record == "full" and "no CUDA" in why
+
+
+def test_no_plain_steps_reach_the_analysis_without_a_plain_times_error(tmp_path):
+    """--plain 0 records no plain step: the analysis runs without plain times (no measurement cost), instead
+    of refusing the empty plain.json it wrote itself. No GPU here: the analysis then refuses the traces."""
+    r, out = _trace(tmp_path, PROGRAM.format(n=10), "--steps", "3", "--plain", "0", "--skip", "2")
+    assert "done" in r.stdout and (out / "rank0.json.gz").exists()
+    last = r.stderr.strip().splitlines()[-1]
+    assert "plain step times" not in r.stderr, r.stderr[-500:]
+    assert r.returncode == 2 and "no GPU activity" in last
