@@ -66,7 +66,7 @@ def trace(ctx, out_dir, out_alias, output, force, steps, plain_steps, block, ski
         click.echo(f"taxes: warning: the program exited with {res['returncode']}; the traces are analysed anyway",
                    err=True)
     try:
-        plain = A.read_plain(plain_path) if res["plain"] else None  # --plain 0: no plain steps, no measurement cost
+        plain = T.plain_for_analysis(A.read_plain(plain_path))
         an = A.analyze(list(res["traces"]), hardware_name, plain_steps=plain)
         for w in an.warnings:
             click.echo(f"taxes: warning: {w}", err=True)

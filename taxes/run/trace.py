@@ -171,3 +171,9 @@ def python_module_command(argv: list[str]) -> list[str]:
     if argv and argv[0].endswith(".py"):
         return [sys.executable] + argv
     return argv
+
+
+def plain_for_analysis(plain_by_rank: dict) -> dict | None:
+    """The plain step times to hand the analysis: None when no rank timed any (--plain 0), so the analysis
+    runs without a measurement cost instead of refusing empty lists; otherwise as recorded."""
+    return plain_by_rank if any(plain_by_rank.values()) else None
