@@ -4,10 +4,13 @@ one rank made late on purpose: the known answers of the straggler and sync-wait 
     torchrun --nproc_per_node 2 benchmarks/programs/ddp_llama.py                           # nobody late
     torchrun --nproc_per_node 2 benchmarks/programs/ddp_llama.py --late-ms 3 --late-on host
     torchrun --nproc_per_node 2 benchmarks/programs/ddp_llama.py --late-ms 3 --late-on device
+    torchrun --nproc_per_node 2 benchmarks/programs/ddp_llama.py --late-ms 3 --late-period 1   # every other step
 
 The delay comes before each forward on --late-rank: a host spin (the rank's launches start late) or a timed
 spin kernel on its stream (torch.cuda._sleep, its cycles per us measured first with CUDA events), so the
-rank reaches DDP's gradient all-reduce late and the others wait there. Every step ends with the fused AdamW
+rank reaches DDP's gradient all-reduce late and the others wait there. With --late-period P the delay comes
+only in steps i with (i // P) odd, so late and on-time steps interleave within one run and their difference
+is the truth, free of the run-to-run drift of a host-bound job. Every step ends with the fused AdamW
 step (optimizer.step(), which ends a step for `taxes trace`) and reads the loss (a host sync, as a training
 loop that logs its loss does). Prints each rank's plain step time (CUDA events, median of the second half).
 """
@@ -54,6 +57,7 @@ def main():
     ap.add_argument("--late-rank", type=int, default=1)
     ap.add_argument("--late-ms", type=float, default=0.0)
     ap.add_argument("--late-on", choices=("host", "device"), default="host")
+    ap.add_argument("--late-period", type=int, default=0, help="late only in steps i with (i // P) odd; 0: every step")
     args = ap.parse_args()
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
@@ -73,12 +77,13 @@ def main():
     late = rank == args.late_rank and args.late_ms > 0
     cycles = int(args.late_ms * 1e3 * sleep_cycles_per_us()) if late and args.late_on == "device" else 0
     times, losses = [], []
-    for _ in range(args.steps):
+    for i in range(args.steps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        if late and args.late_on == "host":
+        late_now = late and (args.late_period <= 0 or (i // args.late_period) % 2 == 1)
+        if late_now and args.late_on == "host":
             spin_host_us(args.late_ms * 1e3)
-        elif late:
+        elif late_now:
             torch.cuda._sleep(cycles)
         loss = ddp(ids, labels=ids).loss
         loss.backward()
