@@ -36,7 +36,7 @@ from taxes.traces.classify import rules
 from taxes.traces.collectives import check_one_job, instances
 from taxes.traces.kineto import name_rank
 from taxes.traces.steps import flag_steps
-from taxes.traces.stream import check_regular, one_line
+from taxes.traces.stream import check_regular, one_line, read_side_file
 from taxes.traces.timeline import merge
 from taxes.method import PERTURBED, STATISTIC  # noqa: F401  (the analysis document reads them from here)
 
@@ -309,14 +309,7 @@ def _plain(plain_steps: dict | None, summary: dict) -> dict:
 
 def read_plain(path, special: bool = False) -> dict:
     """A --plain file: {"<rank>": [us per step, ...]}, at most MAX_SIDE_FILE_BYTES read; one-line errors."""
-    check_regular(path, "plain step times", special)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_SIDE_FILE_BYTES + 1)
-    except OSError as e:
-        raise one_line(f"{path}: cannot read the plain step times ({e.strerror or e})") from None
-    if len(data) > MAX_SIDE_FILE_BYTES:
-        raise one_line(f"{path}: larger than {MAX_SIDE_FILE_BYTES >> 20} MiB; not plain step times")
+    data = read_side_file(path, "plain step times", MAX_SIDE_FILE_BYTES, special)
     try:
         data = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):

@@ -136,16 +136,9 @@ def _starts_alike(items, c) -> bool:
 def read_patterns_file(path, special: bool = False) -> list[str]:
     """A patterns file: one regular expression per line; blank lines and lines starting with # are skipped.
     At most MAX_PATTERNS_BYTES are read; FIFOs and devices only when `special`."""
-    from taxes.traces.stream import check_regular
+    from taxes.traces.stream import read_side_file
 
-    check_regular(path, "patterns", special)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_PATTERNS_BYTES + 1)
-    except OSError as e:
-        raise TaxesError(f"{path}: cannot read the patterns file ({e.strerror or e})") from None
-    if len(data) > MAX_PATTERNS_BYTES:
-        raise TaxesError(f"{path}: larger than 1 MiB; not a patterns file")
+    data = read_side_file(path, "patterns", MAX_PATTERNS_BYTES, special)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

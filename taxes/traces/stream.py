@@ -78,6 +78,21 @@ def check_regular(path, what: str = "trace", special: bool = False) -> None:
         raise one_line(f"{path}: {kind}, not a regular file; pass --allow-special-files to read a {what} from it")
 
 
+def read_side_file(path, what: str, limit: int, special: bool = False) -> bytes:
+    """A small file beside the traces (what: "plain step times", "patterns"), at most `limit` bytes; refused
+    in one line when missing, a directory, special (unless `special`), unreadable or larger."""
+    check_regular(path, what, special)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise one_line(f"{path}: cannot read the {what} file ({e.strerror or e})") from None
+    if len(data) > limit:
+        size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit:,} bytes"
+        raise one_line(f"{path}: larger than {size}; not a {what} file")
+    return data
+
+
 class TraceStream:
     """`for event in stream.events(): ...`; afterwards `stream.meta` holds every other top-level key."""
 
