@@ -47,8 +47,10 @@ def module_file(dotted: str) -> Path | None:
 
 
 def defines(source: Path, name: str) -> bool:
-    """Whether a module's source defines NAME at its top level (a function, a class, an assignment)."""
-    return re.search(rf"^(?:def|class) {name}\b|^{name}\b[^=\n]*=", source.read_text(), re.M) is not None
+    """Whether a module's source defines NAME at its top level (a function, a class, an assignment, or a
+    name it imports for its callers, as the package's facade does)."""
+    return re.search(rf"^(?:def|class) {name}\b|^{name}\b[^=\n]*=|^from [\w.]+ import (?:.*[ ,])?{name}\b",
+                     source.read_text(), re.M) is not None
 
 
 def unresolved(dotted: str) -> str | None:
