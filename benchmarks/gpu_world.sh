@@ -9,11 +9,13 @@
 #   bash benchmarks/gpu_world.sh calibrate OUT  # `taxes calibrate --quick` to OUT/GPU-xW-calibrated.json
 #   bash benchmarks/gpu_world.sh profiles OUT   # ag-gemm, flash decode, gemm-rs and tp-mlp at world W with rows
 #                                               # (WORKLOADS picks some), each checked by `taxes check`
+#   bash benchmarks/gpu_world.sh ddp OUT        # benchmarks/ddp_known_answers.py at world W (DDP_CASES picks the
+#                                               # delays), to OUT/ddp-GPU-xW.json, the 3 ms cases' traces kept
 #   bash benchmarks/gpu_world.sh "planted profiles" OUT
 #
 # Installs the carried wheels (.wheels) to /tmp/site and the project offline; NVLink multicast stays off.
 set -u
-stages=" ${1:?stage: smoke, planted, calibrate or profiles (several: quoted, space-separated)} "
+stages=" ${1:?stage: smoke, planted, calibrate, profiles or ddp (several: quoted, space-separated)} "
 OUT=${2:-${OUT:-gpu-out}}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -53,6 +55,8 @@ PY
 fi
 
 if [[ "$stages" == *" planted "* ]]; then
+    # the late rank's host gate first: a run that cannot plant a host delay should stop in seconds
+    TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_host_gate.py 2>&1 | tail -3
     for n in ${RUNS:-1 2 3}; do
         timeout ${PLANTED_S:-170} taxes validate --planted --gpus "$W" --iters ${ITERS:-20} --clock cupti \
             -o "$OUT/$GPU-x$W-$n.json" --records "$OUT/$GPU-x$W-$n.records.json.gz" 2>&1 | tail -${TAIL:-25}
@@ -82,6 +86,13 @@ if [[ "$stages" == *" profiles "* ]]; then
             tp-mlp) prof tp_mlp tp-mlp 150 --shape M=4096,H=4096,F=14336 ;;
         esac
     done
+fi
+
+if [[ "$stages" == *" ddp "* ]]; then
+    timeout ${DDP_S:-560} python3 benchmarks/ddp_known_answers.py --gpus "$W" \
+        --cases "${DDP_CASES:-host:1,host:3,host:10,device:1,device:3,device:10}" --out "$OUT/ddp-$GPU-x$W.json" 2>&1 | tail -14
+    # the traces of the 3 ms cases stay (fixtures with their measured truth), the others would only weigh
+    find "$OUT/ddp-$GPU-x$W-traces" -mindepth 1 -maxdepth 1 -type d ! -name '*-3ms' -exec rm -rf {} + 2>/dev/null
 fi
 
 # at most eight files come back from a call: everything in one archive (the short tables above are on stdout)

@@ -28,8 +28,9 @@ def test_planted_runs_and_recovers_a_host_spin_on_the_host_clock(tmp_path):
     assert spin["planted_us"] > 400 and spin["ok"], spin  # 20 spins of 25 us per iteration
     records = json.loads(gzip.decompress(rec.read_bytes()))
     assert {"base", "extra", "spin", "spin_more", "graph", "unfused", "fused"} <= set(records)
-    longer = next(r for r in rows if r["case"] == "a longer host spin leaves launch unchanged")
-    assert len(longer["launch_path_us"]) == 2 and longer["host_bound_change_us"] > 100  # 20 more spins of 25 us
+    longer = next(r for r in rows if r["case"] == "a longer host spin lands in host_bound, not launch")
+    assert len(longer["launch_path_us"]) == 2 and longer["planted_us"] > 400  # 20 more spins of 25 us
+    assert longer["recovered_us"] > 100 and "launch_row_change_us" in longer
     assert all(len(ranks) == 1 and ranks[0]["iterations"] for ranks in records.values())
 
 

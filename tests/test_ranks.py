@@ -146,6 +146,41 @@ def test_the_wait_a_later_start_explains_is_start_skew_the_rest_sync_wait(skew, 
     assert one(b.rows, 0)["sync_wait"] == pytest.approx(skew + late) and one(b.rows, 0)["start_skew"] == 0.0
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_sync_wait_is_what_the_programs_lateness_added_when_set_up_overlaps_the_skew(seed):
+    # rank 1 begins `skew` us after rank 0 (the harness) and reaches the collective `late` us later still
+    # (its program); rank 0's collective does up to `setup` us of its own work while it waits, and takes D
+    # once both are there. The truth, from the simulated ends alone: how much later rank 0's iteration ends
+    # with rank 1 late than with rank 1 on time (same skew), which the sync_wait row must be.
+    rng = random.Random(seed)
+    skew, late, setup, D = rng.uniform(0.5, 6.0), rng.uniform(10.0, 120.0), rng.uniform(2.0, 15.0), 60.0
+
+    def ranks(lateness):
+        tls = []
+        for rank in (0, 1):
+            t0 = 100.0 + (skew if rank else 0.0)
+            ks = [Launch("gemm", dur_us=50.0, not_before_us=t0),
+                  Launch("ag", dur_us=0.0, comm="nccl", collective="g:1",
+                         not_before_us=t0 + 60.0 + (lateness if rank else 0.0))]
+            tl = run(ks, rank=rank)
+            tl.windows.loc[0, "start_us"] = t0
+            tls.append(tl)
+        arrive = [tl.activities.loc[1, "start_us"] for tl in tls]
+        for tl, t in zip(tls, arrive):
+            end = max(arrive) + D - min(setup, max(arrive) - t)
+            tl.activities.loc[1, "end_us"] = end
+            tl.windows.loc[0, "end_us"] = end
+        return tls
+
+    on_time, with_late = ranks(0.0), ranks(late)
+    truth = with_late[0].windows.loc[0, "end_us"] - on_time[0].windows.loc[0, "end_us"]
+    a, b = one(attribute(with_late, aligned_starts=True).rows, 0), one(attribute(on_time, aligned_starts=True).rows, 0)
+    assert a["sync_wait"] - b["sync_wait"] == pytest.approx(truth, abs=1e-6)
+    assert b["sync_wait"] == pytest.approx(0.0, abs=1e-6)  # on time, the whole wait is the harness's
+    assert b["start_skew"] == pytest.approx(max(0.0, skew - setup), abs=1e-6)
+    adds_up(a), adds_up(b)
+
+
 # ---- what a wait at a collective costs the waiting rank --------------------------------------------
 
 

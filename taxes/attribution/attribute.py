@@ -9,7 +9,11 @@ The window [lo, hi) of a step on a rank is first split by what the device did, e
     idle           the rest, gap by gap, each gap split by cause (below)                      measured
 then:
     start_skew        (iterations begun together after a host barrier) the part of the wait below that
-                      the other ranks' later start explains: the harness's, not the program's
+                      the other ranks' later start explains: the harness's, not the program's. At the
+                      window's first collective with a wait: the wait beyond the lead the program made
+                      (its lead over the last arrival less the start skew), so set-up the early rank did
+                      while waiting absorbs the harness's skew first; inside fused kernels, the wait up to
+                      the skew
     sync_wait         per collective instance matched across ranks (same `collective` key, overlapping in
                       time): how much longer this rank's collective took than the quickest rank's, at most
                       the latest arrival (start) minus this rank's; the exposed part of [start, start +
@@ -99,8 +103,10 @@ def attribute(timelines: list[Timeline], floor: Floor | None = None, locality_by
     skews = start_skews(timelines) if aligned_starts and len(timelines) > 1 else {}
     args = []
     for tl in timelines:
-        waits = coll[coll["rank"] == tl.rank].set_index("activity")["wait_us"] if not coll.empty else pd.Series(dtype=float)
-        args.append((tl, waits, floor, locality_bytes, us_per_byte, launch_latency_us, skews.get(tl.rank, {})))
+        mine = coll[coll["rank"] == tl.rank].set_index("activity")
+        waits = mine["wait_us"] if not coll.empty else pd.Series(dtype=float)
+        leads = mine["lead_us"] if not coll.empty else pd.Series(dtype=float)
+        args.append((tl, waits, floor, locality_bytes, us_per_byte, launch_latency_us, skews.get(tl.rank, {}), leads))
     if jobs > 1 and len(timelines) > 1:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -129,7 +135,7 @@ def attribute_rank(tl: Timeline, waits: pd.Series, floor: Floor | None = None, l
     """One rank's half of `attribute`, for callers that run ranks elsewhere (another process or machine)
     once the collectives are matched: (rows, gaps, notes) of its windows. waits: match_collectives's
     wait_us of this rank's collectives, indexed by activity; skew: {step: us} of start_skews."""
-    return _attribute_rank_of((tl, waits, floor, locality_bytes, us_per_byte, launch_latency_us, skew or {}))
+    return _attribute_rank_of((tl, waits, floor, locality_bytes, us_per_byte, launch_latency_us, skew or {}, None))
 
 
 # ---- collectives across ranks ---------------------------------------------------------------------
@@ -138,8 +144,7 @@ def attribute_rank(tl: Timeline, waits: pd.Series, floor: Floor | None = None, l
 def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0) -> pd.DataFrame:
     """One row per (collective instance, rank): key, rank, activity (its index in that rank's activities),
     arrival_us, end_us, wait_us (how much longer the rank's collective took than the quickest rank's, at most
-    the latest arrival minus its own), n_ranks,
-    matched. An instance is matched when every rank that has it ran it at overlapping times (each rank's
+    the latest arrival minus its own), n_ranks, matched, lead_us (the latest arrival minus its own). An instance is matched when every rank that has it ran it at overlapping times (each rank's
     end no earlier than the latest arrival, within tolerance_us): a collective cannot finish before its
     last rank arrives. Unmatched instances get no wait; they are listed, not guessed."""
     parts = []
@@ -155,7 +160,7 @@ def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0) -> p
         parts.append(g.reset_index().rename(columns={"collective": "key"}).assign(rank=tl.rank))
     cols = ["key", "rank", "activity", "arrival_us", "end_us", "wait_us", "n_ranks", "matched"]
     if not parts:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=cols + ["lead_us"])
     df = pd.concat(parts, ignore_index=True)
     latest = df.groupby("key")["arrival_us"].transform("max")
     earliest_end = df.groupby("key")["end_us"].transform("min")
@@ -169,7 +174,8 @@ def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0) -> p
     quickest = dur.groupby(df["key"]).transform("min")
     wait = np.minimum(latest - df["arrival_us"], dur - quickest)
     df["wait_us"] = np.where(df["matched"], np.clip(wait, 0.0, None), 0.0)
-    return df[cols]
+    df["lead_us"] = np.where(df["matched"], np.clip(latest - df["arrival_us"], 0.0, None), 0.0)
+    return df[cols + ["lead_us"]]
 
 
 def start_skews(timelines: list[Timeline]) -> dict:
@@ -187,7 +193,8 @@ def start_skews(timelines: list[Timeline]) -> dict:
 # ---- one rank -------------------------------------------------------------------------------------
 
 
-def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_per_byte, latency, skew: dict, notes):
+def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_per_byte, latency, skew: dict,
+                    leads: pd.Series | None, notes):
     acts = tl.activities
     lat = launch_latency(tl) if latency is None else latency
     launch = _launch_of(tl)
@@ -205,6 +212,7 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
     wait_all = np.clip(np.nan_to_num(acts["wait_us"].values.astype(float)), 0.0, None)
     floor_all = acts["floor_us"].values.astype(float)
     coll_wait = waits.reindex(acts.index).fillna(0.0).values if len(waits) else np.zeros(len(acts))
+    coll_lead = leads.reindex(acts.index).fillna(0.0).values if leads is not None and len(leads) else coll_wait
     rows, gap_frames = [], []
     for w in tl.windows.itertuples(index=False):
         lo, hi = float(w.start_us), float(w.end_us)
@@ -229,7 +237,8 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         r = {k: 0.0 for k in ROWS}
         r["sync_wait"] = sync_coll + in_kernel_wait - unhide_kernel
         # the part of that wait the harness made: the other ranks began the iteration this much later
-        r["start_skew"] = min(max(0.0, float(skew.get(w.step, 0.0))), max(0.0, r["sync_wait"]))
+        r["start_skew"] = _harness_wait(max(0.0, float(skew.get(w.step, 0.0))), s[comm], cw, coll_lead[pos][comm],
+                                        in_kernel_wait, max(0.0, r["sync_wait"]))
         r["sync_wait"] -= r["start_skew"]
         r["exposed_transfer"] = exposed - sync_coll - unhide_comm
         loc_b = _locality_bytes_of(locality_bytes, tl.rank, w.step)
@@ -265,6 +274,23 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
     g = pd.DataFrame({c: np.concatenate([f[c] for f in gap_frames]) if gap_frames else [] for c in GAP_COLUMNS})
     g["step"] = g["step"].infer_objects() if len(g) else g["step"]
     return pd.DataFrame(rows), g
+
+
+def _harness_wait(skew: float, arrivals: np.ndarray, waits: np.ndarray, leads: np.ndarray, in_kernel: float,
+                  sync_wait: float) -> float:
+    """How much of a window's sync wait the harness's start skew made. At the first collective the rank waited
+    at, the program made the lead less the skew; the wait beyond that is the skew's (an early rank's set-up
+    done while it waits absorbs the skew first). Without a collective wait (a fused kernel's own): the wait
+    up to the skew."""
+    if skew <= 0.0 or sync_wait <= 0.0:
+        return 0.0
+    waited = np.flatnonzero(waits > 0.0)
+    if len(waited):
+        first = waited[np.argmin(arrivals[waited])]
+        made = max(0.0, float(waits[first]) - max(0.0, float(leads[first]) - skew))
+    else:
+        made = in_kernel
+    return min(skew, made, sync_wait)
 
 
 def _locality_bytes_of(locality_bytes, rank: int, step) -> float:

@@ -22,6 +22,19 @@ import pandas as pd
 from taxes.traces.timeline import HostStamps, shared_clock_offset_ns
 
 CLOCKS = ("cupti", "torch.profiler")
+# a step's role when it launches nothing (a planted spin, a host gate): "host" runs where it stands (before
+# a graph's replay), "host-after" once everything is queued (after the replay); neither is captured
+HOST_ROLES = ("host", "host-after")
+
+
+def launching(steps) -> list:
+    """The steps that launch work (what a graph captures)."""
+    return [s for s in steps if s[1] not in HOST_ROLES]
+
+
+def host_work(steps, role: str) -> list:
+    """The thunks of the steps of one host role, in order."""
+    return [f for _, r, f in steps if r == role]
 
 
 class HostRecorder(HostStamps):
@@ -127,7 +140,7 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
         end_ev.synchronize()
     def capture():  # host steps (a planted spin) launch nothing: they run before each replay instead
         for k, inputs in enumerate(input_sets):
-            graphs[k] = capture_graph([s for s in runner.phases(*inputs, traced=fused) if s[1] != "host"])
+            graphs[k] = capture_graph(launching(runner.phases(*inputs, traced=fused)))
 
     if graph and on_gpu and not capture_after_start:  # a capture's launches run nothing: no records of them
         capture()
@@ -146,8 +159,8 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
                 rec.api_off()
             k = i % len(input_sets)
             steps = None if (graph and on_gpu) else runner.phases(*input_sets[k], traced=fused)
-            host_first = [f for _, role, f in runner.phases(*input_sets[k], traced=fused) if role == "host"] \
-                if steps is None else []
+            every = runner.phases(*input_sets[k], traced=fused) if steps is None else []
+            host_first, host_after = host_work(every, "host"), host_work(every, "host-after")
             if on_gpu:
                 torch.cuda.synchronize()
             ctx.barrier()
@@ -163,9 +176,11 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
                     a = now()
                     graphs[k].replay()
                     stamps.append(("call", "graph replay", a, now()))
+                    for thunk in host_after:
+                        thunk()
                 else:
                     for name, role, thunk in steps:
-                        if role == "host":  # host work that launches nothing (a planted spin)
+                        if role in HOST_ROLES:  # host work that launches nothing (a planted spin)
                             thunk()
                             continue
                         a = now()
@@ -183,9 +198,11 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
                             thunk()
                         with rec.call("graph replay"):
                             graphs[k].replay()
+                        for thunk in host_after:
+                            thunk()
                     else:
                         for name, role, thunk in steps:
-                            if role == "host":
+                            if role in HOST_ROLES:
                                 thunk()
                                 continue
                             with rec.call(name):

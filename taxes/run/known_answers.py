@@ -29,7 +29,7 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
     from taxes.documents.results import collect_metadata, write_atomic
 
     world = run_world(gpus, emulate)
-    opts = {"clock": clock_name(clock, emulate), "iters": iters, "warmup": 3, "late_iters": 2 * iters}
+    opts = {"clock": clock_name(clock, emulate), "iters": iters, "warmup": 3, "late_iters": 4 * iters, "late_rounds": 8}
     if emulate:
         from taxes.run.planted import EMULATED_LATE_US, EMULATED_RUNNERS
 

@@ -25,8 +25,9 @@ rows recovered, and how the planted amount was known:
               minus those of the graph run (what a graph removes).
   sync_wait   (two or more ranks) rank 1 made late in each of SYNC_RUNNERS (bsp and bsp-graph of ag-gemm and
               gemm-rs, fused-push ag-gemm), each iteration started aligned on the devices
-              (taxes.run.harness.AlignedStart): on its device (a spin kernel) or its host (a spin after its queue
-              drained), by 20, 100 and 500 us, against the same run without the delay, interleaved in rounds.
+              (taxes.run.harness.AlignedStart): on its device (a spin kernel) or its host (the device waits at
+              a gate its host opens after a spin: taxes.run.host_gate), by 20, 100 and 500 us, against the
+              same run without the delay (the gate opened at once), interleaved in rounds.
               planted = each waiting rank's change of plain E2E (events, no per-kernel clock); recovered =
               its change of `sync_wait`; instrumented_planted_us = the change of E2E in the instrumented
               iterations (rule_ok: the rows against it).
@@ -43,18 +44,9 @@ them back from stored records.
 from __future__ import annotations
 
 import statistics
-import time
 
+from taxes.run.host_gate import spin_us
 from taxes.run.planted_measure import Replayed, measure
-
-
-def spin_us(us: float) -> float:
-    """Busy-wait on the host for `us` microseconds; returns how long it actually spun."""
-    t0 = time.perf_counter()
-    end = t0 + us * 1e-6
-    while time.perf_counter() < end:
-        pass
-    return (time.perf_counter() - t0) * 1e6
 
 
 class Chain:
@@ -156,10 +148,11 @@ class Late:
     so each rank reaches the runner's collective when its device gets there. Rank `late` is delayed by x_us
     just before the runner's first communication step (before its first step when it has none: a fused
     kernel): `device`, a spin kernel of about x_us on its stream (torch.cuda._sleep), whose length the
-    per-kernel clock reads; `host`, its host first waits for its device to drain (a host spin delays a rank
-    only when nothing is queued behind it), then spins x_us before the launching call. The run without a
-    delay keeps everything else (x_us = 0: the drain stays). On emulated ranks (the host is the device) a
-    device delay is a launching call that spins."""
+    per-kernel clock reads; `host`, its device waits at a gate (taxes.run.host_gate) that its host, once
+    everything after the gate is queued, opens after a spin of x_us: the device waits exactly as long as a
+    drained device waits for a late host, without the noise of the launching call's own host path. The run
+    without a delay keeps everything else (x_us = 0: the gate stays, opened at once). On emulated ranks (the
+    host is the device) either delay is a spin on the host where the gate would be."""
 
     def __init__(self, ctx, runner, how: str, x_us: float, late: int = 1, cycles_per_us: float | None = None):
         if how not in DELAYS:
@@ -167,6 +160,11 @@ class Late:
         self.ctx, self.runner, self.how, self.x, self.late = ctx, runner, how, float(x_us), late
         self.cycles_per_us = cycles_per_us
         self.spun: list = []
+        self.gate = None
+        if how == "host" and ctx.device.type == "cuda" and ctx.rank == late:
+            from taxes.run.host_gate import HostGate
+
+            self.gate = HostGate()
 
     def _device_spin(self):
         if self.ctx.device.type == "cuda":
@@ -176,14 +174,11 @@ class Late:
         else:
             self.spun.append(spin_us(self.x))
 
-    def _drain(self):
-        if self.ctx.device.type == "cuda":
-            import torch
-
-            torch.cuda.synchronize()
-
     def _host_spin(self):
         self.spun.append(spin_us(self.x))
+
+    def _open_gate(self):
+        self.spun.append(self.gate.open_after(self.x))
 
     def phases(self, *inputs, traced: bool = False):
         steps = list(self.runner.phases(*inputs, traced=traced))
@@ -192,8 +187,11 @@ class Late:
         at = next((i for i, s in enumerate(steps) if s[1] == "communication"), 0)
         if self.how == "device":
             delay = [("delay", "compute", self._device_spin)] if self.x else []
-        else:
-            delay = [("drain", "host", self._drain)] + ([("delay", "host", self._host_spin)] if self.x else [])
+        elif self.gate is None:  # emulated ranks: the host is the device
+            delay = [("delay", "host", self._host_spin)] if self.x else []
+        else:  # the gate queued where the delay goes, opened once everything after it is queued
+            return steps[:at] + [("gate", "host", self.gate.close)] + steps[at:] + \
+                [("delay", "host-after", self._open_gate)]
         return steps[:at] + delay + steps[at:]
 
     def __call__(self, *inputs):

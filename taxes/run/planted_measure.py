@@ -4,26 +4,29 @@ graph replay of its launching steps."""
 from __future__ import annotations
 
 from taxes.run.harness import time_iterations
-from taxes.run.instrument import capture_graph, make_recorder, record_iterations
+from taxes.run.instrument import capture_graph, host_work, launching, make_recorder, record_iterations
 
 
 class Replayed:
     """A runner's launching steps captured in one CUDA graph per input set: calling it runs the runner's
-    host steps (a planted spin), then replays the graph."""
+    host steps (a planted spin, a gate's closing), replays the graph, then runs its host steps that wait
+    for everything to be queued (a gate's opening)."""
 
     def __init__(self, runner, input_sets: list):
         self.runner = runner
-        self.graphs = {id(inputs[0]) if inputs else k: capture_graph([s for s in runner.phases(*inputs) if s[1] != "host"])
+        self.graphs = {id(inputs[0]) if inputs else k: capture_graph(launching(runner.phases(*inputs)))
                        for k, inputs in enumerate(input_sets)}
 
     def phases(self, *inputs, traced: bool = False):
         return self.runner.phases(*inputs, traced=traced)
 
     def __call__(self, *inputs):
-        for _, role, f in self.runner.phases(*inputs):
-            if role == "host":
-                f()
+        steps = self.runner.phases(*inputs)
+        for f in host_work(steps, "host"):
+            f()
         self.graphs[id(inputs[0]) if inputs else 0].replay()
+        for f in host_work(steps, "host-after"):
+            f()
 
 
 def measure(ctx, runner, iters: int, warmup: int, clock: str, graph: bool = False, locality_bytes: float = 0.0,
