@@ -56,7 +56,10 @@ fi
 
 if [[ "$stages" == *" planted "* ]]; then
     # the late rank's host gate first: a run that cannot plant a host delay should stop in seconds
-    TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_host_gate.py 2>&1 | tail -3
+    gate=$(TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_host_gate.py 2>&1)
+    status=$?
+    echo "$gate" | tail -${GATE_TAIL:-3}
+    [ "$status" = 0 ] || { echo "the host gate does not hold: no planted run"; exit 1; }
     for n in ${RUNS:-1 2 3}; do
         timeout ${PLANTED_S:-170} taxes validate --planted --gpus "$W" --iters ${ITERS:-20} --clock cupti \
             -o "$OUT/$GPU-x$W-$n.json" --records "$OUT/$GPU-x$W-$n.records.json.gz" 2>&1 | tail -${TAIL:-25}

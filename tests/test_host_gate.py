@@ -60,7 +60,8 @@ def test_the_device_waits_at_the_gate_as_long_as_the_host_spins():
     gate.open_after(0.0)
     done.synchronize()
     assert torch.equal(y, x * 3)
-    for us in (0.0, 50.0, 300.0, 0.0, 50.0):
+    late = []
+    for us in (0.0, 50.0, 300.0, 0.0, 50.0) + (20.0,) * 8:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         gate.close()
@@ -72,4 +73,7 @@ def test_the_device_waits_at_the_gate_as_long_as_the_host_spins():
         assert spun >= us
         # the device waited the spin, plus the host's queueing, its poll and two PCIe crossings
         assert -2.0 <= waited - spun < 100.0, (us, spun, waited)
+        late.append(waited - spun)
     assert torch.equal(y, x * 2)
+    # no quantum of its own: what the device waited beyond the spin varies by the host's launch alone
+    assert max(late[-8:]) - min(late[-8:]) < 15.0, late

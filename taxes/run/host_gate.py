@@ -6,19 +6,40 @@ once that device has nothing queued. Planting such a delay by spinning before a 
 spin with the call's own host path (tens of us for a NCCL call through torch.distributed, varying by as
 much from one iteration to the next), so the device sees the spin plus noise. The gate takes the launch path
 out: everything after the gate is queued first; the device, once it reaches the gate, writes a sequence
-number to pinned host memory and waits (CUDA stream memory operations, no kernel); the host waits for that
-number, spins, and writes the number back to open the gate. The device idles exactly the host's spin plus
-two crossings of PCIe, the same in a run with no spin.
+number to pinned host memory and polls for the host's answer in a one-thread kernel; the host waits for that
+number, spins, and writes the number back to open the gate. The device waits the host's spin plus two
+crossings of PCIe (about 2 us), the same in a run with no spin.
+
+Why a polling kernel and not the stream's own wait on host memory (cuStreamWaitValue32): on an H100 that
+wait re-reads host memory about every 8-10 us, so a 20 us spin held the device 30 or 38 us at random
+(reports/known_answer/, docs/method.md). The kernel's device time is the host's delay; it is named so.
 """
 
 from __future__ import annotations
 
-import ctypes
 import time
 
-WAIT_GEQ = 0x0  # CU_STREAM_WAIT_VALUE_GEQ
-WRITE_DEFAULT = 0x0  # CU_STREAM_WRITE_VALUE_DEFAULT: the write follows every earlier write of the stream
+import triton
+import triton.language as tl
+
+from taxes.kernels.sync import globaltimer_ns, spent_since
+
 ARRIVE_TIMEOUT_S = 30.0
+WAIT_BUDGET_NS = 60_000_000_000  # the kernel gives up after a minute: a host that has gone never hangs the device
+
+
+@triton.jit(do_not_specialize=["seq"])  # one compilation for every call
+def host_gate_wait(flags_ptr, seq, budget_ns):
+    """Write seq to flags[0] (the host sees the device at the gate), then spin until flags[1] >= seq."""
+    tl.store(flags_ptr, seq)
+    start = globaltimer_ns(False)
+    polls = 0
+    seen = tl.load(flags_ptr + 1, volatile=True)
+    while seen < seq:
+        seen = tl.load(flags_ptr + 1, volatile=True)
+        polls += 1
+        if spent_since(start, polls, False) > budget_ns:
+            seen = seq
 
 
 def spin_us(us: float) -> float:
@@ -30,14 +51,6 @@ def spin_us(us: float) -> float:
     return (time.perf_counter() - t0) * 1e6
 
 
-def _driver_call(lib, *names):
-    for name in names:
-        f = getattr(lib, name, None)
-        if f is not None:
-            return f
-    raise RuntimeError(f"the CUDA driver has none of {', '.join(names)}: no host gate on this machine")
-
-
 class HostGate:
     """`close()` queues the gate on the current stream (where the device will wait); `open_after(us)`, called
     once everything after the gate is queued, waits until the device is at the gate, spins us microseconds
@@ -46,29 +59,13 @@ class HostGate:
     def __init__(self):
         import torch
 
-        self.flags = torch.zeros(2, dtype=torch.int32, pin_memory=True)  # [arrived, open]
+        self.flags = torch.zeros(2, dtype=torch.int32, pin_memory=True)  # [arrived, open], read by the device
         self.view = self.flags.numpy()
         self.seq = 0
-        lib = ctypes.CDLL("libcuda.so.1")
-        self._write = _driver_call(lib, "cuStreamWriteValue32_v2", "cuStreamWriteValue32")
-        self._wait = _driver_call(lib, "cuStreamWaitValue32_v2", "cuStreamWaitValue32")
-        for f in (self._write, self._wait):
-            f.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
-            f.restype = ctypes.c_int
-        pointer = _driver_call(lib, "cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer")
-        pointer.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
-        pointer.restype = ctypes.c_int
-        dptr = ctypes.c_uint64(0)
-        _check(pointer(ctypes.byref(dptr), ctypes.c_void_p(self.flags.data_ptr()), 0), "cuMemHostGetDevicePointer")
-        self.arrived_ptr, self.open_ptr = dptr.value, dptr.value + 4
 
     def close(self) -> None:
-        import torch
-
         self.seq += 1
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        _check(self._write(stream, self.arrived_ptr, self.seq, WRITE_DEFAULT), "cuStreamWriteValue32")
-        _check(self._wait(stream, self.open_ptr, self.seq, WAIT_GEQ), "cuStreamWaitValue32")
+        host_gate_wait[(1,)](self.flags, self.seq, WAIT_BUDGET_NS, num_warps=1)
 
     def open_after(self, us: float) -> float:
         n = self.seq
@@ -80,8 +77,3 @@ class HostGate:
         spun = spin_us(us) if us > 0 else 0.0
         self.view[1] = n
         return spun
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        raise RuntimeError(f"{what} failed (CUresult {result})")

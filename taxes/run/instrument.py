@@ -22,8 +22,8 @@ import pandas as pd
 from taxes.traces.timeline import HostStamps, shared_clock_offset_ns
 
 CLOCKS = ("cupti", "torch.profiler")
-# a step's role when it launches nothing (a planted spin, a host gate): "host" runs where it stands (before
-# a graph's replay), "host-after" once everything is queued (after the replay); neither is captured
+# a step's role when it is the host's own work (a planted spin, a host gate): "host" runs where it stands
+# (before a graph's replay), "host-after" once everything is queued (after the replay); neither is captured
 HOST_ROLES = ("host", "host-after")
 
 
