@@ -61,8 +61,8 @@ def test_the_device_waits_at_the_gate_as_long_as_the_host_spins():
     done.synchronize()
     assert torch.equal(y, x * 3)
     late = []
-    for us in (0.0, 50.0, 300.0, 0.0, 50.0) + (20.0,) * 8:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i, us in enumerate((0.0, 0.0, 50.0, 300.0, 0.0, 50.0) + (20.0,) * 8):
         a.record()
         gate.close()
         y = x * 2
@@ -71,6 +71,8 @@ def test_the_device_waits_at_the_gate_as_long_as_the_host_spins():
         b.synchronize()
         waited = a.elapsed_time(b) * 1e3
         assert spun >= us
+        if i == 0:  # the first timed call pays for the events' first use
+            continue
         # the device waited the spin, plus the host's queueing, its poll and two PCIe crossings
         assert -2.0 <= waited - spun < 100.0, (us, spun, waited)
         late.append(waited - spun)
