@@ -39,11 +39,12 @@ def parse_case(text: str) -> tuple[str, float]:
     return on, float(ms)
 
 
-def trace_case(out: Path, gpus: int, on: str, ms: float, record: str, port: int, period: int) -> dict:
+def trace_case(out: Path, gpus: int, on: str, ms: float, record: str, port: int, period: int, steps: int = 16) -> dict:
     case_dir = out.parent / f"{out.stem}-traces" / (f"{on}-{ms:g}ms" if ms else "none")
     cmd = [sys.executable, "-m", "taxes", "trace", "--out", str(case_dir), "--record", record, "--format", "json",
-           "--steps", "8", "--plain", "8", "--skip", "4", "--timeout-s", "240", "--",
-           "torchrun", "--nproc_per_node", str(gpus), "--master-port", str(port), str(PROGRAM), "--steps", "32",
+           "--steps", str(steps), "--plain", str(steps), "--skip", "4", "--timeout-s", "240", "--",
+           "torchrun", "--nproc_per_node", str(gpus), "--master-port", str(port), str(PROGRAM),
+           "--steps", str(2 * steps + 8),
            "--late-rank", str(gpus - 1)]
     if ms:
         cmd += ["--late-ms", str(ms), "--late-on", on, "--late-period", str(period)]
@@ -100,8 +101,10 @@ def judge_interleaved(case: dict, late_rank: int, period: int) -> dict:
         on_w = [w for s, w in prof if not late_step(s, period)]
         if not (late_p and on_p and late_w and on_w):
             return {"ok": False, "why": f"rank {r}: too few late or on-time steps"}
-        truth.append(statistics.mean(late_p) - statistics.mean(on_p))
-        rec.append(statistics.mean(late_w) - statistics.mean(on_w))
+        # medians: a host-bound job's step has outliers of several times its length (a 155 ms step among
+        # 20 ms ones on 4 H100s), which a mean of a few steps would carry as the delay's effect
+        truth.append(statistics.median(late_p) - statistics.median(on_p))
+        rec.append(statistics.median(late_w) - statistics.median(on_w))
     t, x = statistics.mean(truth), statistics.mean(rec)
     named = case.get("straggler") == late_rank
     within = t > 0 and abs(x - t) <= LIMIT * t
@@ -127,6 +130,7 @@ def main():
     ap.add_argument("--cases", default="0,host:3,device:3")
     ap.add_argument("--record", default="timing")
     ap.add_argument("--period", type=int, default=1, help="late only in steps i with (i // P) odd; 0: every step")
+    ap.add_argument("--steps", type=int, default=16, help="profiled steps, and as many plain ones, per case")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Path(args.out)
@@ -143,7 +147,7 @@ def main():
     results = []
     for i, text in enumerate(args.cases.split(",")):
         on, ms = parse_case(text)
-        results.append(trace_case(out, args.gpus, on, ms, args.record, 29500 + i, args.period))
+        results.append(trace_case(out, args.gpus, on, ms, args.record, 29500 + i, args.period, args.steps))
         for r in results:
             if not r["late_ms"]:
                 r["verdict"] = {"named": r.get("straggler") is None, "ok": r.get("straggler") is None}

@@ -389,3 +389,54 @@ def test_no_plain_steps_reach_the_analysis_without_a_plain_times_error(tmp_path)
     assert _plain(plain_for_analysis(recorded), {"e2e_us": 100.0})["measurement_cost_us"] is None
     with pytest.raises(TaxesError, match="at least one per rank"):
         _plain(plain_for_analysis({0: [], 1: [90.0]}), {"e2e_us": 100.0})
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_timing_recordings_of_ranks_that_began_recording_apart_line_up_by_their_base_time(tmp_path, seed):
+    """Each rank's timing recording counts from its own recorder's origin; the trace carries that origin on the
+    host's shared clock (baseTimeNanoseconds), so analysis puts the ranks on one clock: an all-reduce that
+    rank 1 reached `late` us after rank 0 (on the shared clock) is rank 0's sync wait, and rank 1 is the one
+    that was late, however far apart the two recorders started."""
+    import gzip
+
+    import pandas as pd
+
+    from taxes.attribution import analyze as A
+    from taxes.run.cupti_kineto import to_kineto
+
+    rng = np.random.default_rng(seed)
+    late, coll_us = rng.uniform(200.0, 3000.0), 40.0
+    origin_ns = {0: 5_000_000_000, 1: 5_000_000_000 + int(rng.uniform(1e6, 3e7))}  # rank 1 recorded ms later
+    cols = ["name", "kind", "stream", "start_us", "end_us", "correlation", "graph", "comm", "bytes", "queued_us",
+            "submitted_us"]
+    no_calls = pd.DataFrame(columns=["name", "kind", "start_us", "end_us", "correlation", "tid"])
+    nccl = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    paths = []
+    for rank in (0, 1):
+        shift = origin_ns[rank] / 1000.0  # shared-clock us -> this rank's recorder us
+        acts, bounds = [], []
+        for step in range(4):
+            t0 = origin_ns[0] / 1000.0 + 60_000.0 + step * 10_000.0  # the step begins together (shared clock, us)
+            gemm_end = t0 + 500.0
+            arrive = gemm_end + (late if rank == 1 else 0.0)
+            end = gemm_end + late + coll_us
+            acts.append(("gemm", "kernel", 7, t0 - shift, gemm_end - shift, 2 * step + 1, -1, "", 0,
+                         t0 - shift - 5.0, t0 - shift - 4.0))
+            acts.append((nccl, "kernel", 9, arrive - shift, end - shift, 2 * step + 2, -1, "", 0,
+                         t0 - shift - 3.0, t0 - shift - 2.0))
+            bounds.append((t0 - shift - 10.0, end - shift + 1.0))
+        doc = to_kineto(pd.DataFrame(acts, columns=cols), no_calls, bounds,
+                        {"pid": 10 + rank, "tid": 4321, "device": rank, "gpu": "NVIDIA H100 80GB HBM3", "rank": rank,
+                         "world_size": 2, "base_ns": origin_ns[rank]})
+        path = tmp_path / f"rank{rank}.json.gz"
+        path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+        paths.append(str(path))
+    an = A.analyze(paths)
+    d = an.decomposition
+    for step in range(4):
+        r0 = d[(d["rank"] == 0) & (d["step"] == step)].iloc[0]
+        r1 = d[(d["rank"] == 1) & (d["step"] == step)].iloc[0]
+        assert r0["sync_wait"] == pytest.approx(late, rel=1e-3), step
+        assert r1["sync_wait"] == pytest.approx(0.0, abs=1e-3), step
+    top = an.stragglers.sort_values("score", ascending=False).iloc[0]
+    assert int(top["rank"]) == 1 and bool(top["straggler"])

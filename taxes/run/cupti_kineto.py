@@ -27,7 +27,8 @@ _DEVICE_CAT = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset
 def to_kineto(acts: pd.DataFrame, calls: pd.DataFrame, windows_us: list[tuple[float, float]], meta: dict) -> dict:
     """acts, calls: taxes.run.cupti.Recorder.stop()'s frames; windows_us: each profiled step's (start, end), in
     order (steps recorded in blocks leave gaps between them); meta: device (index), gpu (name), pid, rank,
-    world_size, and versions (torch_version, ...)."""
+    world_size, base_ns (the recorder's origin on the host's shared clock, ns: every rank's trace counts
+    from its own origin, and analysis moves them onto one clock by it), and versions (torch_version, ...)."""
     pid, dev = int(meta.get("pid", 1)), int(meta.get("device", 0))
     tid = int(calls["tid"].mode().iloc[0]) if len(calls) else int(meta.get("tid", 0))  # the launching thread
     inferred = 0
@@ -57,6 +58,8 @@ def to_kineto(acts: pd.DataFrame, calls: pd.DataFrame, windows_us: list[tuple[fl
     doc = {"schemaVersion": 1, "traceEvents": events, "displayTimeUnit": "ms",
            "deviceProperties": [{"id": dev, "name": str(meta.get("gpu", ""))}],
            "taxes_trace_record": "timing", "taxes_inferred_launches": inferred}
+    if meta.get("base_ns") is not None:  # the recording's origin on the host's shared clock: the ranks line up
+        doc["baseTimeNanoseconds"] = int(meta["base_ns"])
     if meta.get("world_size"):
         doc["distributedInfo"] = {"rank": int(meta.get("rank", 0)), "world_size": int(meta["world_size"]),
                                   "backend": str(meta.get("backend", "nccl"))}

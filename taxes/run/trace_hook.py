@@ -221,6 +221,7 @@ class _CuptiCycle:
         meta = {"pid": os.getpid(), "tid": threading.get_native_id(), "device": torch.cuda.current_device(), "rank": rank,
                 "gpu": torch.cuda.get_device_name(), "world_size": int(os.environ.get("WORLD_SIZE", "0") or 0),
                 "torch_version": str(torch.__version__),
+                "base_ns": round(self.rec.shared_origin_us * 1000) if self.rec.shared_origin_us is not None else None,
                 "triton_version": str(getattr(triton, "__version__", "")) if triton else None}
         with open(path, "w") as f:
             json.dump(to_kineto(acts, calls, self.windows, meta), f)
