@@ -41,7 +41,8 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
     rows = known_answers(results)
     gpu = "emulated" if emulate else gpu_kind(gpu_name())
     path = output or os.path.join(DEFAULT_DIR, f"{gpu}-x{world}.json")
-    meta = collect_metadata("known-answer", world, gpu, clock=opts["clock"], iterations=iters)
+    meta = collect_metadata("known-answer", world, gpu, clock=opts["clock"], iterations=iters,
+                            late_iterations=opts["late_iters"], late_rounds=opts["late_rounds"])
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     write_atomic(path, json.dumps({"metadata": meta, "rows": rows}, indent=1) + "\n")
     if records:  # every case's raw records, to look into a row later
