@@ -276,9 +276,34 @@ def test_the_late_rank_is_delayed_just_before_its_first_collective_and_only_it(h
 
     names = [[n for n, _, _ in Late(_Ctx(r), _Bsp(), how, x).phases()] for r in (0, 1)]
     assert names[0] == ["matmul", "reduce-scatter", "cast"]  # every other rank runs the runner unchanged
-    want = {("device", True): ["delay"], ("device", False): [], ("host", True): ["drain", "delay"],
-            ("host", False): ["drain"]}[(how, bool(x))]
+    want = {("device", True): ["delay"], ("device", False): [], ("host", True): ["delay"],
+            ("host", False): []}[(how, bool(x))]
     assert names[1] == ["matmul"] + want + ["reduce-scatter", "cast"]
+
+
+@pytest.mark.parametrize("x", [0.0, 100.0])
+def test_on_a_gpu_the_late_ranks_host_closes_its_gate_before_the_collective_and_opens_it_last(x):
+    # (a stand-in gate: the GPU's own is checked by tests/test_host_gate.py)
+    from taxes.run.planted import Late
+
+    class Gate:
+        def __init__(self):
+            self.calls = []
+
+        def close(self):
+            self.calls.append("close")
+
+        def open_after(self, us):
+            self.calls.append(("open", us))
+            return us
+
+    late = Late(_Ctx(1), _Bsp(), "host", x)
+    late.gate = Gate()
+    steps = late.phases()
+    assert [(n, r) for n, r, _ in steps] == [("matmul", "compute"), ("gate", "host"), ("reduce-scatter", "communication"),
+                                             ("cast", "compute"), ("delay", "host-after")]
+    late()
+    assert late.gate.calls == ["close", ("open", x)] and late.spun == [x]  # the run without a delay keeps its gate
 
 
 def test_the_machines_gpu_picks_its_hardware_profile():
@@ -292,3 +317,51 @@ def test_the_machines_gpu_picks_its_hardware_profile():
     assert hw.name == "h200-sxm" and "H200" in warn and "H100" in warn
     hw, why, warn = machine_profile("Some Future GPU", 2)
     assert hw.name == "h200-sxm" and warn and "taxes calibrate" in warn
+
+
+def _ddp_like(rank: int, late_us: float, host_period_us: float = 100.0, t_us: float = 30.0):
+    """A host-bound rank (its host launches a 20 us kernel every host_period_us) whose gradient all-reduce,
+    launched after the second kernel on its own stream, overlaps the rest of the backward; the optimizer kernel,
+    launched last, waits for it. Rank 1 reaches the all-reduce late_us later than rank 0 (the all-reduce ends
+    t_us after the later arrival on both)."""
+    from taxes.traces.timeline import timeline
+
+    acts, calls, host = [], [], [{"name": "step 0", "kind": "step", "start_us": 0.0, "end_us": 0.0}]
+    lat = 2.0
+    arrive = {0: 152.0, 1: 152.0 + late_us}
+    ar_end = max(arrive.values()) + t_us
+
+    def launch(name, corr, at, start, dur, stream=0, comm="", coll=""):
+        calls.append({"name": "cudaLaunchKernel", "kind": "launch", "start_us": at, "end_us": at + 1.0,
+                      "correlation": corr})
+        host.append({"name": name, "kind": "call", "start_us": at, "end_us": at + 1.0})
+        acts.append({"name": name, "start_us": start, "end_us": start + dur, "correlation": corr, "graph": -1,
+                     "comm": comm, "collective": coll, "stream": stream, "step": 0})
+
+    corr = 1
+    for i in range(4):  # the backward, host-bound
+        at = i * host_period_us
+        launch(f"bwd{i}", corr, at, at + 1.0 + lat, 20.0)
+        corr += 1
+    launch("ncclDevKernel_AllReduce", corr, 149.0, arrive[rank], ar_end - arrive[rank], stream=1, comm="nccl",
+           coll="ar:1")
+    corr += 1
+    opt_at = 4 * host_period_us
+    launch("adamw", corr, opt_at, max(opt_at + 1.0 + lat, ar_end), 20.0)
+    end = max(a["end_us"] for a in acts)
+    return timeline(rank, acts, calls, host, [{"step": 0, "start_us": 0.0, "end_us": end}])
+
+
+@pytest.mark.parametrize("late", [60.0, 150.0, 400.0, 900.0])
+def test_a_wait_the_ranks_own_host_would_have_idled_through_is_host_bound_not_sync_wait(late):
+    # DDP overlaps its gradient all-reduce with a host-bound backward: a peer late by less than the host's own
+    # slack moves the waiting rank's step end by nothing, by more, by the excess. The truth is the change of
+    # rank 0's step end from the simulated times; sync wait must follow it, not the all-reduce's whole wait.
+    on_time = [_ddp_like(r, 0.0) for r in (0, 1)]
+    with_late = [_ddp_like(r, late) for r in (0, 1)]
+    truth = with_late[0].windows.loc[0, "end_us"] - on_time[0].windows.loc[0, "end_us"]
+    a, b = one(attribute(with_late).rows, 0), one(attribute(on_time).rows, 0)
+    assert a["sync_wait"] - b["sync_wait"] == pytest.approx(truth, abs=0.05 * late)
+    if truth == 0.0:  # the whole wait passed while the host was still launching the backward
+        assert a["sync_wait"] == pytest.approx(0.0, abs=1e-6) and a["host_bound"] > b["host_bound"]
+    adds_up(a), adds_up(b)

@@ -16,8 +16,10 @@ then:
                       the skew
     sync_wait         per collective instance matched across ranks (same `collective` key, overlapping in
                       time): how much longer this rank's collective took than the quickest rank's, at most
-                      the latest arrival (start) minus this rank's; the exposed part of [start, start +
-                      wait). Plus, inside fused kernels, the time the CTA that finished last spent waiting
+                      the latest arrival (start) minus this rank's; of that wait, the part that held the
+                      rank's next compute kernel (at most the collective's end minus the start of that
+                      kernel's launching call: before it the rank's own host held the kernel, and that
+                      part is host_bound); its exposed part. Plus, inside fused kernels, the time the CTA that finished last spent waiting
                       on peers (wait_us, from the kernel's own clocks), beyond the floor's unhideable link
                       time; less start_skew.
     exposed_transfer  exposed comm - its sync wait - the floor's unhideable link time
@@ -226,10 +228,17 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         busy = measure(all_m, lo, hi)
         compute_busy = measure(comp_m, lo, hi)
         exposed = busy - compute_busy
-        # sync wait at collectives: the exposed part of [arrival, arrival + wait)
+        # sync wait at collectives: the exposed part of the wait that held the rank's next compute kernel
+        # (_binding_wait); the rest of the wait passed while the rank's own host had not yet begun launching
+        # that kernel, which would have idled for its host all the same: host_bound
         cw = coll_wait[pos][comm]
         wait_m = merge(s[comm], np.minimum(s[comm] + cw, e[comm]))
+        sync_all = min(measure(union(wait_m, comp_m), lo, hi) - compute_busy, exposed)
+        if (cw > 0).any():
+            held = _binding_wait(s[comm], e[comm], cw, s[~comm], cs[pos][~comm])
+            wait_m = merge(np.minimum(s[comm] + cw, e[comm]) - held, np.minimum(s[comm] + cw, e[comm]))
         sync_coll = min(measure(union(wait_m, comp_m), lo, hi) - compute_busy, exposed)
+        own_host = max(0.0, sync_all - sync_coll)
         in_kernel_wait = float(wait_all[pos][~comm].sum())
         unhide = floor.unhideable_link_us if floor is not None else 0.0
         unhide_comm = min(unhide, max(0.0, exposed - sync_coll))
@@ -240,7 +249,8 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         r["start_skew"] = _harness_wait(max(0.0, float(skew.get(w.step, 0.0))), s[comm], cw, coll_lead[pos][comm],
                                         in_kernel_wait, max(0.0, r["sync_wait"]))
         r["sync_wait"] -= r["start_skew"]
-        r["exposed_transfer"] = exposed - sync_coll - unhide_comm
+        r["exposed_transfer"] = exposed - sync_coll - unhide_comm - own_host
+        r["host_bound"] += own_host
         loc_b = _locality_bytes_of(locality_bytes, tl.rank, w.step)
         r["locality"] = loc_b * us_per_byte if us_per_byte else 0.0
         # compute: kernels with their own floor are split into floor (in `ideal`, from the step's floor) and
@@ -274,6 +284,27 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
     g = pd.DataFrame({c: np.concatenate([f[c] for f in gap_frames]) if gap_frames else [] for c in GAP_COLUMNS})
     g["step"] = g["step"].infer_objects() if len(g) else g["step"]
     return pd.DataFrame(rows), g
+
+
+def _binding_wait(arrivals: np.ndarray, ends: np.ndarray, waits: np.ndarray, comp_starts: np.ndarray,
+                  comp_cs: np.ndarray) -> np.ndarray:
+    """Per collective: how much of its wait held the rank's next compute kernel (the first to start at or after
+    the collective's end): that kernel starts at max(its launch, the collective's end), so a wait moves it
+    only past the start of its launching call, min(wait, end - launch call start). A kernel launched long
+    before (queued, waiting on the collective) takes the whole wait; one whose launch began after the wait
+    was over takes none (the rank's host, not the peer, held it). No compute after the collective: the
+    whole wait."""
+    held = waits.astype(float).copy()
+    if len(comp_starts) == 0:
+        return held
+    order = np.argsort(comp_starts, kind="stable")
+    cst, ccs = comp_starts[order], comp_cs[order]
+    nxt = np.searchsorted(cst, ends, side="left")
+    has = nxt < len(cst)
+    launch = np.where(has, ccs[np.minimum(nxt, len(cst) - 1)], np.nan)
+    bound = ~np.isnan(launch)
+    held[bound] = np.clip(np.minimum(waits[bound], ends[bound] - launch[bound]), 0.0, None)
+    return held
 
 
 def _harness_wait(skew: float, arrivals: np.ndarray, waits: np.ndarray, leads: np.ndarray, in_kernel: float,
