@@ -74,8 +74,8 @@ def trace_case(out: Path, gpus: int, on: str, ms: float, record: str, port: int,
                measurement_cost_us=var.get("measurement_cost_us"),
                stragglers=strag, straggler=next((s["rank"] for s in strag if s.get("straggler")), None),
                warnings=doc["metadata"].get("warnings", []))
-    for p_ in case_dir.glob("rank*.json.gz"):  # keep the traces small enough to commit: only the first case's
-        if ms:
+    if os.environ.get("DDP_DROP_TRACES"):  # only the verdicts wanted: no traces left behind
+        for p_ in case_dir.glob("rank*.json*"):
             p_.unlink()
     return res
 
@@ -137,7 +137,11 @@ def main():
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"schema": "taxes.known_answer.ddp", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "gpus": args.gpus, "record": args.record, "period": args.period, "program": "benchmarks/programs/ddp_llama.py",
-            "limit": LIMIT, "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")}}
+            "limit": LIMIT, "steps": args.steps,
+            "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")}}
+    from taxes.documents.provenance import collect
+
+    meta.update(collect())  # the commit that ran (a copied tree: its stamp file)
     try:
         import torch
 

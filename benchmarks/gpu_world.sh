@@ -24,7 +24,10 @@ if ls .wheels/*.whl >/dev/null 2>&1; then
         && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
-[ -f .taxes-provenance.json ] && export TAXES_PROVENANCE=stamp
+# documents name the commit from the stamp written before the tree was copied (python -m taxes.documents.provenance,
+# carried with the tree): a copy's own .git may be an older one
+[ -f .taxes-provenance.json ] && export TAXES_PROVENANCE=stamp \
+    || echo "no .taxes-provenance.json: the documents name this copy's .git, which may not be the code's"
 W=$(nvidia-smi -L | grep -c '^GPU')
 GPU=$(python3 -c "import torch; from taxes.model.hardware import gpu_kind; print(gpu_kind(torch.cuda.get_device_name(0)))")
 echo "world $W, $GPU"

@@ -254,6 +254,34 @@ def test_a_fused_kernels_wait_is_the_wait_of_the_cta_that_finished_last():
     assert got > 20 * np.mean([c[2] for c in ctas]) / 1e3
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_the_held_wait_is_how_much_earlier_the_kernel_would_have_ended_had_no_cta_waited(seed):
+    from taxes.run.measure import critical_waits, held_waits
+
+    rng = random.Random(seed)
+    # each CTA: its own work and its wait for peers' rows (ns); it ends after both. The truth, from the
+    # simulated CTAs alone: the kernel's end against its end had every wait been zero
+    ctas, ends_without = [], []
+    for _ in range(rng.randint(8, 140)):
+        start, work = rng.uniform(0, 2e3), rng.uniform(20e3, 60e3)
+        wait = rng.choice([0.0, rng.uniform(1e3, 40e3)])
+        ctas.append((int(start), int(start + work + wait), int(wait), 0))
+        ends_without.append(int(start + work))
+    runner = _FusedRunner(ctas)
+    truth_us = (max(c[1] for c in ctas) - max(ends_without)) / 1e3
+    held, critical = held_waits(runner)["fused-gemm"], critical_waits(runner)["fused-gemm"]
+    assert held == pytest.approx(truth_us, abs=1e-3)
+    assert 0.0 <= held <= critical + 1e-9  # never more than the last CTA's own wait
+
+
+def test_the_held_waits_survive_the_stored_records():
+    raw = raw_record(0, 1000.0, 20.0, 30.0, 50.0)
+    raw["iterations"] = [dict(it, waits={"fused-gemm": 4.0}, waits_held={"fused-gemm": 2.5}) for it in raw["iterations"]]
+    back = raw_from_columns(raw_to_columns(raw))
+    assert [it["waits_held"] for it in back["iterations"]] == [{"fused-gemm": 2.5}] * len(raw["iterations"])
+    assert [it["waits"] for it in back["iterations"]] == [{"fused-gemm": 4.0}] * len(raw["iterations"])
+
+
 # ---- the late rank's plumbing ----------------------------------------------------------------------
 
 
@@ -365,3 +393,24 @@ def test_a_wait_the_ranks_own_host_would_have_idled_through_is_host_bound_not_sy
     if truth == 0.0:  # the whole wait passed while the host was still launching the backward
         assert a["sync_wait"] == pytest.approx(0.0, abs=1e-6) and a["host_bound"] > b["host_bound"]
     adds_up(a), adds_up(b)
+
+
+def test_the_known_answers_weigh_a_fused_kernels_held_wait_from_the_same_iterations():
+    from taxes.run.planted_answers import _held_change, attributed
+
+    def measured(rank, crit, held):
+        raw = raw_record(rank, 1000.0, 20.0, 30.0, 50.0)
+        raw["iterations"] = [dict(it, waits={"gemm": crit}, waits_held={"gemm": held}) for it in raw["iterations"]]
+        return {"raw": raw, "plain": [50.0], "comm": ("all-gather",), "locality_bytes": 0.0, "us_per_byte": None,
+                "eager_twin": None}
+
+    results = [{"base": measured(r, 0.0, 0.0), "late": measured(r, 6.0, 3.0)} for r in (0, 1)]
+    held = _held_change(results, "base", "late")
+    crit = {r: attributed([x["late"] for x in results])["by_rank"][r]["rows"]["sync_wait"]
+            - attributed([x["base"] for x in results])["by_rank"][r]["rows"]["sync_wait"] for r in (0, 1)}
+    assert held == pytest.approx({0: 3.0, 1: 3.0}) and crit == pytest.approx({0: 6.0, 1: 6.0})
+    for x in results:  # records without the second rule: nothing to weigh
+        for m in x.values():
+            for it in m["raw"]["iterations"]:
+                it.pop("waits_held")
+    assert _held_change(results, "base", "late") is None

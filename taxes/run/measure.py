@@ -244,6 +244,20 @@ def critical_waits(runner) -> dict:
     return out
 
 
+def held_waits(runner) -> dict:
+    """{phase: us} of a fused runner's last traced call: how much earlier the kernel would have ended had no
+    CTA waited, its last CTA's end less the latest end any CTA would have had without its wait. A rule to
+    weigh against critical_waits: a CTA that waited nothing but ended late holds the kernel as much as the
+    one that waited (the known answers record both; docs/method.md)."""
+    tr = fused_trace(runner)
+    out = {}
+    for name, rows in (tr or {}).items():
+        if rows:
+            end = max(r[1] for r in rows)
+            out[name] = max(0, end - max(r[1] - max(0, r[2]) for r in rows)) / 1e3
+    return out
+
+
 def merge_blocks(blocks: list[dict]) -> dict:
     """Several instrumented blocks of one variant (rounds) -> one raw record with steps numbered on. Each
     recorder counts from its own origin: a block is moved to where it lies on the host's shared clock

@@ -218,6 +218,7 @@ def late_rows(results: list[dict]) -> list[dict]:
             m1 = results[late][key]
             how, x = m1["how"], m1["x_us"]
             run = attributed([r[key] for r in results], _twin(results, key))
+            held = _held_change(results, base_key, key)
             per = []
             for r in waiting:
                 truth = (run["by_rank"][r]["plain_us"] or 0.0) - (base["by_rank"][r]["plain_us"] or 0.0)
@@ -230,6 +231,8 @@ def late_rows(results: list[dict]) -> list[dict]:
                             "instrumented_planted_us": seen, "rule_ok": row("sync_wait", "", seen, rec, "")["ok"],
                             "start_skew_change_us": run["by_rank"][r]["rows"]["start_skew"]
                             - base["by_rank"][r]["rows"]["start_skew"]})
+                if held is not None:  # a fused kernel's wait by the other rule, from the same iterations
+                    per[-1]["recovered_held_us"] = held[r]
             planted = statistics.fmean(p["planted_us"] for p in per)
             recovered = statistics.fmean(p["recovered_us"] for p in per)
             seen = statistics.fmean(p["instrumented_planted_us"] for p in per)
@@ -250,6 +253,24 @@ def late_rows(results: list[dict]) -> list[dict]:
             out["rule_ok"] = all(p["rule_ok"] for p in per)
             rows.append(out)
     return rows
+
+
+def _held_change(results: list[dict], base_key: str, key: str) -> dict | None:
+    """{rank: change of sync_wait} had the fused kernels' waits been taken by taxes.run.measure.held_waits
+    (recorded beside critical_waits as "waits_held"); None where the records hold no such waits."""
+    def swapped(m):
+        its = m["raw"]["iterations"]
+        if not its or not all("waits_held" in it for it in its):
+            return None
+        return dict(m, raw=dict(m["raw"], iterations=[dict(it, waits=it["waits_held"]) for it in its]))
+
+    runs = []
+    for k in (base_key, key):
+        ms = [swapped(r[k]) for r in results]
+        if any(m is None for m in ms):
+            return None
+        runs.append(attributed(ms, _twin(results, k))["by_rank"])
+    return {r: runs[1][r]["rows"]["sync_wait"] - runs[0][r]["rows"]["sync_wait"] for r in runs[0]}
 
 
 def _twin(results: list[dict], key: str) -> list | None:

@@ -41,9 +41,10 @@ def measure(ctx, runner, iters: int, warmup: int, clock: str, graph: bool = Fals
     on_gpu = ctx.device.type == "cuda"
     if plain_runner is None:
         plain_runner = Replayed(runner, inputs) if graph and on_gpu else runner
-    trace_of = None
+    trace_of = held_of = None
     if fused:
         from taxes.run.measure import critical_waits as trace_of
+        from taxes.run.measure import held_waits as held_of
     out = {}
 
     def plain():
@@ -51,7 +52,7 @@ def measure(ctx, runner, iters: int, warmup: int, clock: str, graph: bool = Fals
 
     def instrumented():
         out["raw"] = record_iterations(ctx, runner, inputs, iters, warmup, make_recorder(clock, on_gpu, api="all"),
-                                       graph=graph, fused=fused, trace_of=trace_of, align=align)
+                                       graph=graph, fused=fused, trace_of=trace_of, align=align, held_of=held_of)
 
     for block in ((instrumented, plain) if instrumented_first else (plain, instrumented)):
         block()
