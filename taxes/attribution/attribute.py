@@ -19,9 +19,9 @@ then:
                       the latest arrival (start) minus this rank's; of that wait, the part that held the
                       rank's next compute kernel (at most the collective's end minus the start of that
                       kernel's launching call: before it the rank's own host held the kernel, and that
-                      part is host_bound); its exposed part. Plus, inside fused kernels, the time the CTA that finished last spent waiting
-                      on peers (wait_us, from the kernel's own clocks), beyond the floor's unhideable link
-                      time; less start_skew.
+                      part is host_bound); its exposed part. Plus, inside fused kernels, the time the CTA
+                      that finished last spent waiting on peers (wait_us, from the kernel's own clocks),
+                      beyond the floor's unhideable link time; less start_skew.
     exposed_transfer  exposed comm - its sync wait - the floor's unhideable link time
     ideal             the floor max(T_compute, T_link, T_hbm) (when a floor is given)          derived
     locality          intermediate bytes x time per byte (when given)                          derived
@@ -64,6 +64,7 @@ import numpy as np
 import pandas as pd
 
 from taxes.model.floor import Floor
+from taxes.attribution.waits import binding_wait, harness_wait, match_collectives, start_skews
 from taxes.traces.timeline import Timeline, covered, gaps, measure, merge, union
 
 from taxes.attribution.rows import IDLE_ROWS, LABELS, ROWS, TAXES  # noqa: E402,F401  (named here too)
@@ -108,7 +109,8 @@ def attribute(timelines: list[Timeline], floor: Floor | None = None, locality_by
         mine = coll[coll["rank"] == tl.rank].set_index("activity")
         waits = mine["wait_us"] if not coll.empty else pd.Series(dtype=float)
         leads = mine["lead_us"] if not coll.empty else pd.Series(dtype=float)
-        args.append((tl, waits, floor, locality_bytes, us_per_byte, launch_latency_us, skews.get(tl.rank, {}), leads))
+        args.append((tl, waits, floor, locality_bytes, us_per_byte, launch_latency_us, skews.get(tl.rank, {}),
+                     leads))
     if jobs > 1 and len(timelines) > 1:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -138,58 +140,6 @@ def attribute_rank(tl: Timeline, waits: pd.Series, floor: Floor | None = None, l
     once the collectives are matched: (rows, gaps, notes) of its windows. waits: match_collectives's
     wait_us of this rank's collectives, indexed by activity; skew: {step: us} of start_skews."""
     return _attribute_rank_of((tl, waits, floor, locality_bytes, us_per_byte, launch_latency_us, skew or {}, None))
-
-
-# ---- collectives across ranks ---------------------------------------------------------------------
-
-
-def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0) -> pd.DataFrame:
-    """One row per (collective instance, rank): key, rank, activity (its index in that rank's activities),
-    arrival_us, end_us, wait_us (how much longer the rank's collective took than the quickest rank's, at most
-    the latest arrival minus its own), n_ranks, matched, lead_us (the latest arrival minus its own). An instance is matched when every rank that has it ran it at overlapping times (each rank's
-    end no earlier than the latest arrival, within tolerance_us): a collective cannot finish before its
-    last rank arrives. Unmatched instances get no wait; they are listed, not guessed."""
-    parts = []
-    for tl in timelines:
-        a = tl.activities
-        sel = a[(a["comm"] != "") & (a["collective"] != "")]
-        if sel.empty:
-            continue
-        # a collective on one rank may span several activities (e.g. NCCL's kernel and a copy): its arrival
-        # is the first start, its end the last end
-        g = sel.reset_index().groupby("collective").agg(activity=("index", "first"), arrival_us=("start_us", "min"),
-                                                        end_us=("end_us", "max"))
-        parts.append(g.reset_index().rename(columns={"collective": "key"}).assign(rank=tl.rank))
-    cols = ["key", "rank", "activity", "arrival_us", "end_us", "wait_us", "n_ranks", "matched"]
-    if not parts:
-        return pd.DataFrame(columns=cols + ["lead_us"])
-    df = pd.concat(parts, ignore_index=True)
-    latest = df.groupby("key")["arrival_us"].transform("max")
-    earliest_end = df.groupby("key")["end_us"].transform("min")
-    df["n_ranks"] = df.groupby("key")["rank"].transform("count")
-    df["matched"] = (df["n_ranks"] > 1) & (earliest_end >= latest - tolerance_us)
-    # A rank's wait is how much longer its collective took than the quickest rank's (the one that waited
-    # least, in general the last to arrive), at most its lead over the last arrival: an early rank's kernel
-    # does its own set-up while it waits, so the lead alone overstates what waiting cost it (by about 12 us
-    # of a 2-rank NCCL all-gather on H100s: reports/known_answer/, docs/method.md)
-    dur = df["end_us"] - df["arrival_us"]
-    quickest = dur.groupby(df["key"]).transform("min")
-    wait = np.minimum(latest - df["arrival_us"], dur - quickest)
-    df["wait_us"] = np.where(df["matched"], np.clip(wait, 0.0, None), 0.0)
-    df["lead_us"] = np.where(df["matched"], np.clip(latest - df["arrival_us"], 0.0, None), 0.0)
-    return df[cols + ["lead_us"]]
-
-
-def start_skews(timelines: list[Timeline]) -> dict:
-    """{rank: {step: us}}: how much later than this rank the last rank began the step (the latest window
-    start of the step, over the ranks that have it, minus this rank's). Windows of profiled iterations
-    start at each rank's start event, recorded as soon as the rank left the host barrier."""
-    parts = [tl.windows[["step", "start_us"]].assign(rank=tl.rank) for tl in timelines if len(tl.windows)]
-    if not parts:
-        return {}
-    w = pd.concat(parts, ignore_index=True)
-    w["skew"] = w.groupby("step")["start_us"].transform("max") - w["start_us"]
-    return {int(r): dict(zip(g["step"], g["skew"].astype(float))) for r, g in w.groupby("rank")}
 
 
 # ---- one rank -------------------------------------------------------------------------------------
@@ -229,13 +179,13 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         compute_busy = measure(comp_m, lo, hi)
         exposed = busy - compute_busy
         # sync wait at collectives: the exposed part of the wait that held the rank's next compute kernel
-        # (_binding_wait); the rest of the wait passed while the rank's own host had not yet begun launching
+        # (taxes.attribution.waits.binding_wait); the rest of the wait passed while the rank's own host had not yet begun launching
         # that kernel, which would have idled for its host all the same: host_bound
         cw = coll_wait[pos][comm]
         wait_m = merge(s[comm], np.minimum(s[comm] + cw, e[comm]))
         sync_all = min(measure(union(wait_m, comp_m), lo, hi) - compute_busy, exposed)
         if (cw > 0).any():
-            held = _binding_wait(s[comm], e[comm], cw, s[~comm], cs[pos][~comm])
+            held = binding_wait(s[comm], e[comm], cw, s[~comm], cs[pos][~comm])
             wait_m = merge(np.minimum(s[comm] + cw, e[comm]) - held, np.minimum(s[comm] + cw, e[comm]))
         sync_coll = min(measure(union(wait_m, comp_m), lo, hi) - compute_busy, exposed)
         own_host = max(0.0, sync_all - sync_coll)
@@ -246,7 +196,7 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         r = {k: 0.0 for k in ROWS}
         r["sync_wait"] = sync_coll + in_kernel_wait - unhide_kernel
         # the part of that wait the harness made: the other ranks began the iteration this much later
-        r["start_skew"] = _harness_wait(max(0.0, float(skew.get(w.step, 0.0))), s[comm], cw, coll_lead[pos][comm],
+        r["start_skew"] = harness_wait(max(0.0, float(skew.get(w.step, 0.0))), s[comm], cw, coll_lead[pos][comm],
                                         in_kernel_wait, max(0.0, r["sync_wait"]))
         r["sync_wait"] -= r["start_skew"]
         r["exposed_transfer"] = exposed - sync_coll - unhide_comm - own_host
@@ -284,44 +234,6 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
     g = pd.DataFrame({c: np.concatenate([f[c] for f in gap_frames]) if gap_frames else [] for c in GAP_COLUMNS})
     g["step"] = g["step"].infer_objects() if len(g) else g["step"]
     return pd.DataFrame(rows), g
-
-
-def _binding_wait(arrivals: np.ndarray, ends: np.ndarray, waits: np.ndarray, comp_starts: np.ndarray,
-                  comp_cs: np.ndarray) -> np.ndarray:
-    """Per collective: how much of its wait held the rank's next compute kernel (the first to start at or after
-    the collective's end): that kernel starts at max(its launch, the collective's end), so a wait moves it
-    only past the start of its launching call, min(wait, end - launch call start). A kernel launched long
-    before (queued, waiting on the collective) takes the whole wait; one whose launch began after the wait
-    was over takes none (the rank's host, not the peer, held it). No compute after the collective: the
-    whole wait."""
-    held = waits.astype(float).copy()
-    if len(comp_starts) == 0:
-        return held
-    order = np.argsort(comp_starts, kind="stable")
-    cst, ccs = comp_starts[order], comp_cs[order]
-    nxt = np.searchsorted(cst, ends, side="left")
-    has = nxt < len(cst)
-    launch = np.where(has, ccs[np.minimum(nxt, len(cst) - 1)], np.nan)
-    bound = ~np.isnan(launch)
-    held[bound] = np.clip(np.minimum(waits[bound], ends[bound] - launch[bound]), 0.0, None)
-    return held
-
-
-def _harness_wait(skew: float, arrivals: np.ndarray, waits: np.ndarray, leads: np.ndarray, in_kernel: float,
-                  sync_wait: float) -> float:
-    """How much of a window's sync wait the harness's start skew made. At the first collective the rank waited
-    at, the program made the lead less the skew; the wait beyond that is the skew's (an early rank's set-up
-    done while it waits absorbs the skew first). Without a collective wait (a fused kernel's own): the wait
-    up to the skew."""
-    if skew <= 0.0 or sync_wait <= 0.0:
-        return 0.0
-    waited = np.flatnonzero(waits > 0.0)
-    if len(waited):
-        first = waited[np.argmin(arrivals[waited])]
-        made = max(0.0, float(waits[first]) - max(0.0, float(leads[first]) - skew))
-    else:
-        made = in_kernel
-    return min(skew, made, sync_wait)
 
 
 def _locality_bytes_of(locality_bytes, rank: int, step) -> float:

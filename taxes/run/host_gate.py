@@ -12,7 +12,8 @@ crossings of PCIe (about 2 us), the same in a run with no spin.
 
 Why a polling kernel and not the stream's own wait on host memory (cuStreamWaitValue32): on an H100 that
 wait re-reads host memory about every 8-10 us, so a 20 us spin held the device 30 or 38 us at random
-(reports/known_answer/, docs/method.md). The kernel's device time is the host's delay; it is named so.
+(reports/known_answer/host_gate-h100-x2.json, docs/method.md). The kernel's device time is the host's
+delay; it is named so.
 """
 
 from __future__ import annotations

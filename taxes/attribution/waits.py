@@ -1,0 +1,101 @@
+"""Waits at collectives, across ranks and on one: which instances match, how long each rank waited at each
+(match_collectives), how much of a window's wait the harness's start skew made (start_skews, harness_wait),
+and how much of a wait held the rank's own next kernel (binding_wait). taxes.attribution.attribute turns them
+into rows; docs/method.md states each rule with the known answer that checks it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from taxes.traces.timeline import Timeline
+
+
+def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0) -> pd.DataFrame:
+    """One row per (collective instance, rank): key, rank, activity (its index in that rank's activities),
+    arrival_us, end_us, wait_us (how much longer the rank's collective took than the quickest rank's, at most
+    the latest arrival minus its own), n_ranks, matched, lead_us (the latest arrival minus its own). An
+    instance is matched when every rank that has it ran it at overlapping times (each rank's end no earlier
+    than the latest arrival, within tolerance_us): a collective cannot finish before its last rank arrives.
+    Unmatched instances get no wait; they are listed, not guessed."""
+    parts = []
+    for tl in timelines:
+        a = tl.activities
+        sel = a[(a["comm"] != "") & (a["collective"] != "")]
+        if sel.empty:
+            continue
+        # a collective on one rank may span several activities (e.g. NCCL's kernel and a copy): its arrival
+        # is the first start, its end the last end
+        g = sel.reset_index().groupby("collective").agg(activity=("index", "first"), arrival_us=("start_us", "min"),
+                                                        end_us=("end_us", "max"))
+        parts.append(g.reset_index().rename(columns={"collective": "key"}).assign(rank=tl.rank))
+    cols = ["key", "rank", "activity", "arrival_us", "end_us", "wait_us", "n_ranks", "matched"]
+    if not parts:
+        return pd.DataFrame(columns=cols + ["lead_us"])
+    df = pd.concat(parts, ignore_index=True)
+    latest = df.groupby("key")["arrival_us"].transform("max")
+    earliest_end = df.groupby("key")["end_us"].transform("min")
+    df["n_ranks"] = df.groupby("key")["rank"].transform("count")
+    df["matched"] = (df["n_ranks"] > 1) & (earliest_end >= latest - tolerance_us)
+    # A rank's wait is how much longer its collective took than the quickest rank's (the one that waited
+    # least, in general the last to arrive), at most its lead over the last arrival: an early rank's kernel
+    # does its own set-up while it waits, so the lead alone overstates what waiting cost it (by about 12 us
+    # of a 2-rank NCCL all-gather on H100s: reports/known_answer/, docs/method.md)
+    dur = df["end_us"] - df["arrival_us"]
+    quickest = dur.groupby(df["key"]).transform("min")
+    wait = np.minimum(latest - df["arrival_us"], dur - quickest)
+    df["wait_us"] = np.where(df["matched"], np.clip(wait, 0.0, None), 0.0)
+    df["lead_us"] = np.where(df["matched"], np.clip(latest - df["arrival_us"], 0.0, None), 0.0)
+    return df[cols + ["lead_us"]]
+
+
+def start_skews(timelines: list[Timeline]) -> dict:
+    """{rank: {step: us}}: how much later than this rank the last rank began the step (the latest window
+    start of the step, over the ranks that have it, minus this rank's). Windows of profiled iterations
+    start at each rank's start event, recorded as soon as the rank left the host barrier."""
+    parts = [tl.windows[["step", "start_us"]].assign(rank=tl.rank) for tl in timelines if len(tl.windows)]
+    if not parts:
+        return {}
+    w = pd.concat(parts, ignore_index=True)
+    w["skew"] = w.groupby("step")["start_us"].transform("max") - w["start_us"]
+    return {int(r): dict(zip(g["step"], g["skew"].astype(float))) for r, g in w.groupby("rank")}
+
+
+
+def binding_wait(arrivals: np.ndarray, ends: np.ndarray, waits: np.ndarray, comp_starts: np.ndarray,
+                  comp_cs: np.ndarray) -> np.ndarray:
+    """Per collective: how much of its wait held the rank's next compute kernel (the first to start at or after
+    the collective's end): that kernel starts at max(its launch, the collective's end), so a wait moves it
+    only past the start of its launching call, min(wait, end - launch call start). A kernel launched long
+    before (queued, waiting on the collective) takes the whole wait; one whose launch began after the wait
+    was over takes none (the rank's host, not the peer, held it). No compute after the collective: the
+    whole wait."""
+    held = waits.astype(float).copy()
+    if len(comp_starts) == 0:
+        return held
+    order = np.argsort(comp_starts, kind="stable")
+    cst, ccs = comp_starts[order], comp_cs[order]
+    nxt = np.searchsorted(cst, ends, side="left")
+    has = nxt < len(cst)
+    launch = np.where(has, ccs[np.minimum(nxt, len(cst) - 1)], np.nan)
+    bound = ~np.isnan(launch)
+    held[bound] = np.clip(np.minimum(waits[bound], ends[bound] - launch[bound]), 0.0, None)
+    return held
+
+
+def harness_wait(skew: float, arrivals: np.ndarray, waits: np.ndarray, leads: np.ndarray, in_kernel: float,
+                  sync_wait: float) -> float:
+    """How much of a window's sync wait the harness's start skew made. At the first collective the rank waited
+    at, the program made the lead less the skew; the wait beyond that is the skew's (an early rank's set-up
+    done while it waits absorbs the skew first). Without a collective wait (a fused kernel's own): the wait
+    up to the skew."""
+    if skew <= 0.0 or sync_wait <= 0.0:
+        return 0.0
+    waited = np.flatnonzero(waits > 0.0)
+    if len(waited):
+        first = waited[np.argmin(arrivals[waited])]
+        made = max(0.0, float(waits[first]) - max(0.0, float(leads[first]) - skew))
+    else:
+        made = in_kernel
+    return min(skew, made, sync_wait)
