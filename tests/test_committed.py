@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from committed import INDEX, ROOT, listed
 
-LIMIT_BYTES = 24 << 20  # of the 64 MiB a working tree may carry to a GPU machine; the rest is code and tests
+LIMIT_BYTES = 20 << 20
 
 
 def test_every_committed_file_is_listed_and_every_listed_file_is_committed():
