@@ -293,6 +293,41 @@ def test_the_hook_times_plain_blocks_and_pauses_the_recorder_between_profiled_on
     assert d["plain_steps"] == [3, 4, 9, 10, 11, 12] and d["profiled_steps"] == [5, 6, 7, 8, 13, 14]
     assert len(d["plain_step_us"]) == 6 and all(x > 0 for x in d["plain_step_us"])
     assert d["steps_seen"] == 15  # done after the last profiled step
+    assert d["after_switch_steps"] == []  # one rank: no other rank's switch to land in a plain step
+
+
+def test_with_several_ranks_the_first_plain_step_after_a_profiled_block_is_kept_apart(tmp_path, monkeypatch):
+    """Another rank's switch of its records lands in the first plain step after a profiled block (it holds
+    this rank at the step's first collective): that step is no plain sample, and it is kept apart."""
+    from taxes.run import trace_hook as H
+
+    class Recorder:
+        def step(self):
+            pass
+
+        pause = resume = step
+
+        def __exit__(self, *a):
+            pass
+
+        def export_chrome_trace(self, path):
+            Path(path).write_text("{}")
+
+    for k, v in {"TAXES_TRACE_DIR": str(tmp_path), "TAXES_TRACE_SKIP": "2", "TAXES_TRACE_PLAIN": "6",
+                 "TAXES_TRACE_STEPS": "6", "TAXES_TRACE_BLOCK": "2", "TAXES_TRACE_RECORD": "timing",
+                 "TAXES_TRACE_STEP": "taxes", "WORLD_SIZE": "2", "RANK": "1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(H, "_STATE", {})
+    monkeypatch.setattr(H.atexit, "register", lambda f: None)
+    monkeypatch.setattr(H, "_start_profiler", lambda: H._STATE.update(prof=Recorder()))
+    monkeypatch.setattr(H, "_device_idle", lambda: None)
+    H.install()
+    for _ in range(30):
+        H.step()
+    d = json.loads((tmp_path / "plain_rank1.json").read_text())
+    # P P R R | R R P P | P P R R after steps 0..2: step 9 follows the profiled step 8
+    assert d["plain_steps"] == [3, 4, 10, 11, 12] and d["after_switch_steps"] == [9]
+    assert len(d["plain_step_us"]) == 5 and len(d["after_switch_step_us"]) == 1
 
 
 def test_launches_without_recorded_calls_are_placed_and_the_idle_before_them_is_measured(tmp_path):

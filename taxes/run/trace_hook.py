@@ -15,7 +15,8 @@ profiled-plain (ABBA): a host whose speed drifts during the run (a shared machin
 kinds alike, so their difference, the measurement cost, is the profiler's and not the drift's. Between
 blocks the hook waits for the device and switches CUPTI's records off or on, outside every timed step; it
 waits before the first profiled block too (either record), so no step of the plain block runs on the
-device unrecorded inside a profiled one.
+device unrecorded inside a profiled one. With several ranks the first plain step after a profiled block is
+kept apart (`after_switch_step_us`), not timed plain: another rank's switch lands in it.
 
 What the profiler records (TAXES_TRACE_RECORD):
 - full: CPU and CUDA activities, shapes, memory and the execution trace, so analyze can name the ops and
@@ -238,16 +239,28 @@ def finish() -> None:
     rank = cfg["rank"]
     os.makedirs(cfg["dir"], exist_ok=True)
     events = _STATE["events"]
-    plain, plain_steps = [], []
+    plain, plain_steps, switched, switched_steps = [], [], [], []
     if events and not isinstance(events[-1][1], float):
         events[-1][1].synchronize()
+    # With several ranks, the first plain step after a profiled block is no plain sample: each rank switches
+    # its records off between the two (outside its own timed steps), and a rank whose switch (CUPTI's flush
+    # of the block) takes long holds the others at their first collective of that step (every plain step
+    # over 40 ms of a 20-35 ms DDP step on 2 H100s was one: reports/known_answer/ddp-h100-x2.json)
+    several = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    profiled = set(_STATE["profiled_steps"])
     for (_, a), (ended, b) in zip(events, events[1:]):
         if ended is None:  # a block's start: no step ended here
             continue
-        plain.append((b - a) * 1e6 if isinstance(a, float) else a.elapsed_time(b) * 1e3)
+        us = (b - a) * 1e6 if isinstance(a, float) else a.elapsed_time(b) * 1e3
+        if several and ended - 1 in profiled:
+            switched.append(us)
+            switched_steps.append(ended)
+            continue
+        plain.append(us)
         plain_steps.append(ended)
     with open(os.path.join(cfg["dir"], f"plain_rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "plain_step_us": plain, "plain_steps": plain_steps,
+                   "after_switch_step_us": switched, "after_switch_steps": switched_steps,
                    "profiled_steps": _STATE["profiled_steps"], "steps_seen": _STATE["count"],
                    "signal": cfg["signal"], "block": cfg["block"] if cfg["record"] == "timing" else 0}, f)
     prof = _STATE.get("prof")
