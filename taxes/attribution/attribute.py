@@ -183,14 +183,14 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         # that kernel, which would have idled for its host all the same: host_bound
         cw = coll_wait[pos][comm]
         wait_m = merge(s[comm], np.minimum(s[comm] + cw, e[comm]))
-        sync_all = min(measure(union(wait_m, comp_m), lo, hi) - compute_busy, exposed)
+        sync_all = sync_coll = min(measure(union(wait_m, comp_m), lo, hi) - compute_busy, exposed)
         if (cw > 0).any():
             # a kernel that started no later than its launching call (emulated ranks: the host is the device)
             # had no host to wait for apart from itself: its wait is all held
             host_cs = np.where(cs[pos][~comm] >= starts_all[pos][~comm], np.nan, cs[pos][~comm])
             held = binding_wait(s[comm], e[comm], cw, s[~comm], host_cs)
             wait_m = merge(np.minimum(s[comm] + cw, e[comm]) - held, np.minimum(s[comm] + cw, e[comm]))
-        sync_coll = min(measure(union(wait_m, comp_m), lo, hi) - compute_busy, exposed)
+            sync_coll = min(measure(union(wait_m, comp_m), lo, hi) - compute_busy, exposed)
         own_host = max(0.0, sync_all - sync_coll)
         in_kernel_wait = float(wait_all[pos][~comm].sum())
         unhide = floor.unhideable_link_us if floor is not None else 0.0

@@ -210,15 +210,17 @@ def late_rows(results: list[dict]) -> list[dict]:
             and isinstance(results[0][k], dict) and "how" in results[0][k]]
     for base_key in keys:
         wl, variant, how0 = base_key.split(" ")[:3]
-        base = attributed([r[base_key] for r in results], _twin(results, base_key))
+        base_twin = _twin(results, base_key)
+        base = attributed([r[base_key] for r in results], base_twin)
         late = results[0][base_key]["late"]
         waiting = [r for r in range(len(results)) if r != late]
         skew = statistics.fmean(base["by_rank"][r]["rows"]["start_skew"] for r in range(len(results)))
         for key in [k for k in results[0] if k.startswith(f"{wl} {variant} {how0} ") and k != base_key]:
             m1 = results[late][key]
             how, x = m1["how"], m1["x_us"]
-            run = attributed([r[key] for r in results], _twin(results, key))
-            held = _held_change(results, base_key, key)
+            twin = _twin(results, key)
+            run = attributed([r[key] for r in results], twin)
+            held = _held_change(results, {base_key: base_twin, key: twin})
             per = []
             for r in waiting:
                 truth = (run["by_rank"][r]["plain_us"] or 0.0) - (base["by_rank"][r]["plain_us"] or 0.0)
@@ -255,9 +257,11 @@ def late_rows(results: list[dict]) -> list[dict]:
     return rows
 
 
-def _held_change(results: list[dict], base_key: str, key: str) -> dict | None:
-    """{rank: change of sync_wait} had the fused kernels' waits been taken by taxes.run.measure.held_waits
-    (recorded beside critical_waits as "waits_held"); None where the records hold no such waits."""
+def _held_change(results: list[dict], twins: dict) -> dict | None:
+    """{rank: change of sync_wait} from the run without a delay to the run with one (twins: {key: its eager
+    twin's phases}, the run without first) had the fused kernels' waits been taken by
+    taxes.run.measure.held_waits (recorded beside critical_waits as "waits_held"); None where the records
+    hold no such waits."""
     def swapped(m):
         its = m["raw"]["iterations"]
         if not its or not all("waits_held" in it for it in its):
@@ -265,11 +269,11 @@ def _held_change(results: list[dict], base_key: str, key: str) -> dict | None:
         return dict(m, raw=dict(m["raw"], iterations=[dict(it, waits=it["waits_held"]) for it in its]))
 
     runs = []
-    for k in (base_key, key):
+    for k, twin in twins.items():
         ms = [swapped(r[k]) for r in results]
         if any(m is None for m in ms):
             return None
-        runs.append(attributed(ms, _twin(results, k))["by_rank"])
+        runs.append(attributed(ms, twin)["by_rank"])
     return {r: runs[1][r]["rows"]["sync_wait"] - runs[0][r]["rows"]["sync_wait"] for r in runs[0]}
 
 
