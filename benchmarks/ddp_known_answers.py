@@ -30,6 +30,12 @@ from pathlib import Path
 
 PROGRAM = Path(__file__).resolve().parent / "programs" / "ddp_llama.py"
 LIMIT = 0.15
+# A device-bound step (about 0.5 B parameters, 8 K tokens per rank): the device, not the host, sets the step,
+# as in a real training job. The program's small default (4 layers of 1024, 1 K tokens) is host-bound: each
+# rank's own host jitter (ms) then decides who is last, a planted delay up to a few ms hides in the device's
+# idle time (a 3 ms delay moved the others' step by 0.4 ms on 4 H200s), and the record's per-launch cost is
+# a tenth of the step
+PROGRAM_ARGS = "--layers 8 --hidden 2048 --batch 8 --tokens 1024"
 
 
 def parse_case(text: str) -> tuple[str, float]:
@@ -39,13 +45,14 @@ def parse_case(text: str) -> tuple[str, float]:
     return on, float(ms)
 
 
-def trace_case(out: Path, gpus: int, on: str, ms: float, record: str, port: int, period: int, steps: int = 16) -> dict:
+def trace_case(out: Path, gpus: int, on: str, ms: float, record: str, port: int, period: int, steps: int = 16,
+               program_args: str = PROGRAM_ARGS) -> dict:
     case_dir = out.parent / f"{out.stem}-traces" / (f"{on}-{ms:g}ms" if ms else "none")
     cmd = [sys.executable, "-m", "taxes", "trace", "--out", str(case_dir), "--record", record, "--format", "json",
            "--steps", str(steps), "--plain", str(steps), "--skip", "4", "--timeout-s", "240", "--",
            "torchrun", "--nproc_per_node", str(gpus), "--master-port", str(port), str(PROGRAM),
            "--steps", str(2 * steps + 8),
-           "--late-rank", str(gpus - 1)]
+           "--late-rank", str(gpus - 1), *program_args.split()]
     if ms:
         cmd += ["--late-ms", str(ms), "--late-on", on, "--late-period", str(period)]
     t0 = time.time()
@@ -131,6 +138,7 @@ def main():
     ap.add_argument("--record", default="timing")
     ap.add_argument("--period", type=int, default=1, help="late only in steps i with (i // P) odd; 0: every step")
     ap.add_argument("--steps", type=int, default=16, help="profiled steps, and as many plain ones, per case")
+    ap.add_argument("--program-args", default=PROGRAM_ARGS, help="the DDP program's model size (its own flags)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Path(args.out)
@@ -138,6 +146,7 @@ def main():
     meta = {"schema": "taxes.known_answer.ddp", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "gpus": args.gpus, "record": args.record, "period": args.period, "program": "benchmarks/programs/ddp_llama.py",
             "limit": LIMIT, "steps": args.steps,
+            "program_args": args.program_args,
             "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")}}
     from taxes.documents.provenance import collect
 
@@ -151,7 +160,8 @@ def main():
     results = []
     for i, text in enumerate(args.cases.split(",")):
         on, ms = parse_case(text)
-        results.append(trace_case(out, args.gpus, on, ms, args.record, 29500 + i, args.period, args.steps))
+        results.append(trace_case(out, args.gpus, on, ms, args.record, 29500 + i, args.period, args.steps,
+                                   args.program_args))
         for r in results:
             if not r["late_ms"]:
                 r["verdict"] = {"named": r.get("straggler") is None, "ok": r.get("straggler") is None}
