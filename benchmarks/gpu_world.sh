@@ -59,11 +59,15 @@ fi
 
 if [[ "$stages" == *" planted "* ]]; then
     # the late rank's host gate first: a run that cannot plant a host delay should stop in seconds
-    gate=$(TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_host_gate.py 2>&1)
-    status=$?
+    # (once more on a failure: the first timed gate on a machine just started once ran 30 us long on 4 H200s)
+    for try in 1 2; do
+        gate=$(TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_host_gate.py 2>&1)
+        status=$?
+        [ "$status" = 0 ] && break
+    done
     echo "$gate" | tail -${GATE_TAIL:-3}
-    [ "$status" = 0 ] || { echo "the host gate does not hold: no planted run"; exit 1; }
-    for n in ${RUNS:-1 2 3}; do
+    [ "$status" = 0 ] || { echo "the host gate does not hold: no planted run"; RUNS=""; }
+    for n in ${RUNS-1 2 3}; do
         timeout ${PLANTED_S:-170} taxes validate --planted --gpus "$W" --iters ${ITERS:-20} --clock cupti \
             -o "$OUT/$GPU-x$W-$n.json" --records "$OUT/$GPU-x$W-$n.records.json.gz" 2>&1 | tail -${TAIL:-25}
     done
@@ -98,7 +102,9 @@ if [[ "$stages" == *" ddp "* ]]; then
     timeout ${DDP_S:-560} python3 benchmarks/ddp_known_answers.py --gpus "$W" \
         --cases "${DDP_CASES:-host:1,host:3,host:10,device:1,device:3,device:10}" --out "$OUT/ddp-$GPU-x$W.json" 2>&1 | tail -14
     # the traces of the 3 ms cases stay (fixtures with their measured truth), the others would only weigh
-    find "$OUT/ddp-$GPU-x$W-traces" -mindepth 1 -maxdepth 1 -type d ! -name '*-3ms' -exec rm -rf {} + 2>/dev/null
+    # (DDP_KEEP=all keeps every case's, to judge them again by later rules)
+    [ "${DDP_KEEP:-}" = all ] || \
+        find "$OUT/ddp-$GPU-x$W-traces" -mindepth 1 -maxdepth 1 -type d ! -name '*-3ms' -exec rm -rf {} + 2>/dev/null
 fi
 
 # at most eight files come back from a call: everything in one archive (the short tables above are on stdout)

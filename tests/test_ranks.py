@@ -414,3 +414,104 @@ def test_the_known_answers_weigh_a_fused_kernels_held_wait_from_the_same_iterati
             for it in m["raw"]["iterations"]:
                 it.pop("waits_held")
     assert _held_change(results, {"base": None, "late": None}) is None
+
+
+def _run_slowed(work_us: list, t0: float, slow: tuple, factor: float) -> list:
+    """Back-to-back kernels of the given work from t0, running `factor` times slower inside slow=(a, b): their
+    (start, end)s."""
+    out, t = [], t0
+    a, b = slow
+    for w in work_us:
+        s = t
+        if t < a:  # full speed up to a
+            done = min(w, a - t)
+            t, w = t + done, w - done
+        if w > 0 and a <= t < b:  # slowed inside the wait
+            done = min(w, (b - t) / factor)
+            t, w = t + done * factor, w - done
+        t += w
+        out.append((s, t))
+    return out
+
+
+def _device_bound_ddp(late_steps: set, late_us: float, slow_factor: float, steps: int = 8, seed: int = 0):
+    """A device-bound training step on two ranks: six backward kernels back to back on the compute stream, the
+    gradient all-reduce on another stream from the end of the second (on rank 1, the late one, `late_us`
+    later in the steps of late_steps, after a delay kernel), ending on both ranks 40 us after the later
+    arrival, then the optimizer once both are done; the next step starts on both once both are done. While
+    rank 0's all-reduce waits for rank 1, its backward runs slow_factor times slower (the waiting kernel
+    keeps its SMs). Returns both ranks' timelines and rank 0's steps as (start, end, exposed transfer)."""
+    from taxes.traces.timeline import timeline
+
+    rng = random.Random(seed)
+    work = [rng.uniform(30.0, 80.0) for _ in range(6)]
+    t_ar, opt_us = 40.0, 15.0
+    acts = {0: [], 1: []}
+    calls = {0: [], 1: []}
+    windows = {0: [], 1: []}
+    corr, t = 1, 0.0
+
+    def add(rank, name, start, end, step, stream=0, comm="", coll=""):
+        # the host runs ahead: each step's launches all come at its start, 1 us apart
+        nonlocal corr
+        at = windows_lo[step] + 0.5 * len([c for c in acts[rank] if c["step"] == step])
+        calls[rank].append({"name": "cudaLaunchKernel", "kind": "launch", "start_us": at, "end_us": at + 0.5,
+                            "correlation": corr})
+        acts[rank].append({"name": name, "start_us": start, "end_us": end, "correlation": corr, "graph": -1,
+                           "comm": comm, "collective": coll, "stream": stream, "step": step})
+        corr += 1
+
+    windows_lo, exposed_transfer = {}, []
+    for step in range(steps):
+        lo = windows_lo[step] = t
+        late = late_us if step in late_steps else 0.0
+        t_dev = lo + 6.0
+        if late:
+            add(1, "delay", t_dev, t_dev + late, step)
+        arrive = {0: t_dev + work[0] + work[1], 1: t_dev + late + work[0] + work[1]}
+        ar_end = arrive[1] + t_ar
+        ends = {}
+        for rank in (0, 1):
+            begin = t_dev + (late if rank == 1 else 0.0)
+            slow = (arrive[0], arrive[1]) if rank == 0 else (0.0, 0.0)
+            spans = _run_slowed(work, begin, slow, slow_factor)
+            for i, (a, b) in enumerate(spans):
+                add(rank, f"bwd{i}", a, b, step)
+            add(rank, "ncclDevKernel_AllReduce", arrive[rank], ar_end, step, stream=1, comm="nccl", coll=f"ar:{step}")
+            o = max(spans[-1][1], ar_end)
+            add(rank, "adamw", o, o + opt_us, step)
+            ends[rank] = o + opt_us
+            if rank == 0:  # the transfer (after the later arrival) that no backward kernel overlapped
+                exposed_transfer.append(max(0.0, ar_end - max(spans[-1][1], arrive[1])))
+        for rank in (0, 1):
+            windows[rank].append({"step": step, "start_us": lo, "end_us": ends[rank]})
+        t = max(ends.values()) + 3.0
+    host = [{"name": f"step {w['step']}", "kind": "step", "start_us": w["start_us"], "end_us": w["end_us"]}
+            for w in windows[0]]
+    tls = [timeline(r, acts[r], calls[r], host, windows[r]) for r in (0, 1)]
+    return tls, [(w["start_us"], w["end_us"], x) for w, x in zip(windows[0], exposed_transfer)]
+
+
+@pytest.mark.parametrize("late,factor", [(100.0, 1.3), (400.0, 1.6), (60.0, 2.0), (600.0, 1.0), (300.0, 1.25)])
+def test_compute_that_ran_slower_beside_a_waiting_all_reduce_is_the_waits_cost(late, factor):
+    # A device-bound DDP step: rank 0's gradient all-reduce waits for rank 1 while rank 0's own backward runs
+    # on; the waiting kernel keeps its SMs, so that backward runs slower and the step ends later by the exposed
+    # wait plus the stretch. The truth is rank 0's step length, late steps against on-time ones, from the
+    # simulated times; sync wait must follow it, and compute must stay what it is on time. A short wait hides
+    # behind the rest of the backward but for its stretch; a long one is exposed too.
+    late_steps = {1, 3, 5, 7}
+    tls, spans = _device_bound_ddp(late_steps, late, factor)
+    # of the step's change, what the wait cost: the step less the transfer no kernel overlapped (a wait
+    # that outlasts the backward exposes the transfer after it, which is exposed_transfer, not the wait)
+    cost = [b - a - x for a, b, x in spans]
+    truth = np.mean([c for i, c in enumerate(cost) if i in late_steps]) - \
+        np.mean([c for i, c in enumerate(cost) if i not in late_steps])
+    rows = attribute(tls).rows
+    r0 = rows[rows["rank"] == 0].set_index("step")
+    late_m, on_m = r0.loc[sorted(late_steps)], r0.drop(index=sorted(late_steps))
+    assert truth > 0.0
+    assert late_m["sync_wait"].mean() - on_m["sync_wait"].mean() == pytest.approx(truth, rel=0.02)
+    assert late_m["compute"].mean() == pytest.approx(on_m["compute"].mean(), rel=0.01)
+    assert (late_m["wait_stretch_us"] > 0).all() == (factor > 1.0) and (on_m["wait_stretch_us"] == 0).all()
+    for _, r in r0.iterrows():
+        adds_up(r)

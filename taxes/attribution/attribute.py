@@ -19,7 +19,10 @@ then:
                       the latest arrival (start) minus this rank's; of that wait, the part that held the
                       rank's next compute kernel (at most the collective's end minus the start of that
                       kernel's launching call: before it the rank's own host held the kernel, and that
-                      part is host_bound); its exposed part. Plus, inside fused kernels, the time the CTA
+                      part is host_bound); its exposed part. Plus the stretch of the rank's compute that
+                      ran beside a waiting collective (a waiting NCCL kernel keeps its SMs: each kernel's
+                      duration less its own median where it overlapped no wait, within its overlap with the
+                      waits; summed over the window, never below 0). Plus, inside fused kernels, the time the CTA
                       that finished last spent waiting on peers (wait_us, from the kernel's own clocks),
                       beyond the floor's unhideable link time; less start_skew.
     exposed_transfer  exposed comm - its sync wait - the floor's unhideable link time
@@ -64,7 +67,7 @@ import numpy as np
 import pandas as pd
 
 from taxes.model.floor import Floor
-from taxes.attribution.waits import binding_wait, harness_wait, match_collectives, start_skews
+from taxes.attribution.waits import binding_wait, harness_wait, match_collectives, start_skews, wait_stretch
 from taxes.traces.timeline import Timeline, covered, gaps, measure, merge, union
 
 from taxes.attribution.rows import IDLE_ROWS, LABELS, ROWS, TAXES  # noqa: E402,F401  (named here too)
@@ -165,6 +168,14 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
     floor_all = acts["floor_us"].values.astype(float)
     coll_wait = waits.reindex(acts.index).fillna(0.0).values if len(waits) else np.zeros(len(acts))
     coll_lead = leads.reindex(acts.index).fillna(0.0).values if leads is not None and len(leads) else coll_wait
+    # compute slowed by a collective waiting beside it on another stream: a kernel is known by its name and its
+    # occurrence in its step (a training step runs the same kernels in the same order)
+    waiting = comm_all & (coll_wait > 0.0)
+    names = acts["name"].astype(str).values
+    kernel_keys = (pd.Series(names) + "#" + pd.Series(names).groupby([step_of, names]).cumcount().astype(str)).values \
+        if len(acts) else np.empty(0, dtype=object)
+    stretch_all = wait_stretch(kernel_keys, starts_all, ends_all, ~comm_all, starts_all[waiting],
+                               np.minimum(starts_all[waiting] + coll_wait[waiting], ends_all[waiting]))
     rows, gap_frames = [], []
     for w in tl.windows.itertuples(index=False):
         lo, hi = float(w.start_us), float(w.end_us)
@@ -202,13 +213,19 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         r["start_skew"] = harness_wait(max(0.0, float(skew.get(w.step, 0.0))), s[comm], cw, coll_lead[pos][comm],
                                         in_kernel_wait, max(0.0, r["sync_wait"]))
         r["sync_wait"] -= r["start_skew"]
+        # the window's compute that ran longer beside a waiting collective: the wait's cost, not the kernels'
+        st = stretch_all[pos][~comm]
+        stretch = min(max(0.0, float(st.sum())), max(0.0, compute_busy - in_kernel_wait))
+        if stretch <= 0.0:
+            st = np.zeros_like(st)
+        r["sync_wait"] += stretch
         r["exposed_transfer"] = exposed - sync_coll - unhide_comm - own_host
         r["host_bound"] += own_host
         loc_b = _locality_bytes_of(locality_bytes, tl.rank, w.step)
         r["locality"] = loc_b * us_per_byte if us_per_byte else 0.0
         # compute: kernels with their own floor are split into floor (in `ideal`, from the step's floor) and
         # inefficiency; the others stay `compute`
-        dur = (e - s)[~comm] - wait_all[pos][~comm]
+        dur = (e - s)[~comm] - wait_all[pos][~comm] - st
         fl = floor_all[pos][~comm]
         known = ~np.isnan(fl)
         if floor is not None:
@@ -216,7 +233,7 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
             r["inefficiency"] = float(np.sum(dur[known] - fl[known]))
             r["compute"] = float(np.sum(dur[~known]))
         else:
-            r["compute"] = compute_busy - in_kernel_wait - r["locality"]
+            r["compute"] = compute_busy - in_kernel_wait - r["locality"] - stretch
         # idle, gap by gap
         # the device is not idle while it runs work launched in no window (that time stays unattributed)
         fo = foreign[(ends_all[foreign] > lo) & (starts_all[foreign] < hi)]
@@ -233,6 +250,7 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         rows.append({"rank": tl.rank, "step": w.step, "start_us": lo, "end_us": hi, "span_us": span, **r,
                      "busy_us": busy, "compute_busy_us": compute_busy, "exposed_comm_us": exposed,
                      "comm_us": measure(merge(s[comm], e[comm]), lo, hi), "in_kernel_wait_us": in_kernel_wait,
+                     "wait_stretch_us": stretch,
                      "locality_bytes": loc_b, "launch_latency_us": lat})
     g = pd.DataFrame({c: np.concatenate([f[c] for f in gap_frames]) if gap_frames else [] for c in GAP_COLUMNS})
     g["step"] = g["step"].infer_objects() if len(g) else g["step"]

@@ -1,6 +1,7 @@
 """Waits at collectives, across ranks and on one: which instances match, how long each rank waited at each
 (match_collectives), how much of a window's wait the harness's start skew made (start_skews, harness_wait),
-and how much of a wait held the rank's own next kernel (binding_wait). taxes.attribution.attribute turns them
+how much of a wait held the rank's own next kernel (binding_wait), and how much longer the rank's compute ran
+beside a collective that waited (wait_stretch). taxes.attribution.attribute turns them
 into rows; docs/method.md states each rule with the known answer that checks it.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from taxes.traces.timeline import Timeline
+from taxes.traces.timeline import Timeline, covered, merge
 
 
 def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0) -> pd.DataFrame:
@@ -99,3 +100,27 @@ def harness_wait(skew: float, arrivals: np.ndarray, waits: np.ndarray, leads: np
     else:
         made = in_kernel
     return min(skew, made, sync_wait)
+
+
+def wait_stretch(keys: np.ndarray, starts: np.ndarray, ends: np.ndarray, compute: np.ndarray, wait_starts: np.ndarray,
+                 wait_ends: np.ndarray) -> np.ndarray:
+    """Per activity of one rank: how much longer a compute kernel ran because a collective on another of the
+    rank's streams was waiting for a peer beside it. A waiting NCCL kernel keeps its SMs, so compute that
+    overlaps the wait runs slower: a DDP step whose gradient all-reduce waits 3 ms for a late rank ends 3 ms
+    later, of which 2.3 ms is the overlapped backward kernels' own stretch and only 0.7 ms exposed wait
+    (reports/known_answer/, docs/method.md). The stretch of a kernel is its duration minus the median duration
+    of the same kernel (keys: its identity, e.g. name and occurrence in its step) where it overlapped no
+    wait, within plus or minus its overlap with the waits (a wait can slow a kernel by at most the time they
+    shared; a kernel quicker than its median beside a wait offsets one slower, so noise cancels in a sum).
+    0 for communication, for kernels beside no wait, and where every instance of the kernel overlapped one."""
+    out = np.zeros(len(starts))
+    if len(starts) == 0 or not np.any(wait_ends > wait_starts):
+        return out
+    overlap = covered(merge(wait_starts, wait_ends), starts, ends)
+    dur = ends - starts
+    df = pd.DataFrame({"key": keys, "dur": dur, "free": compute & (overlap <= 0.0)})
+    ref = df[df["free"]].groupby("key")["dur"].median()
+    base = df["key"].map(ref).to_numpy(dtype=float)
+    hit = compute & (overlap > 0.0) & ~np.isnan(base)
+    out[hit] = np.clip(dur[hit] - base[hit], -overlap[hit], overlap[hit])
+    return out
