@@ -73,8 +73,7 @@ def trace_case(out: Path, gpus: int, on: str, ms: float, record: str, port: int,
         by_rank[str(d["rank"])] = {"plain_steps": d["plain_steps"], "plain_step_us": d["plain_step_us"],
                                    "profiled_steps": d["profiled_steps"]}
     res["steps"] = by_rank
-    res["step_sync_wait_us"] = [{"rank": r["rank"], "step": r["step"], "sync_wait_us": r.get("sync_wait")}
-                                for r in doc.get("trace_analysis", {}).get("decomposition", [])]
+    res["step_sync_wait_us"] = step_rows(doc.get("trace_analysis", {}).get("decomposition", []))
     res.update(plain_step_us={r: statistics.median(v) for r, v in plain.items()},
                sync_wait_us={str(r): v for r, v in sync.items()},
                plain_e2e_us=var.get("plain_e2e_us"), attributed_e2e_us=var.get("attributed_e2e_us"),
@@ -87,6 +86,12 @@ def trace_case(out: Path, gpus: int, on: str, ms: float, record: str, port: int,
     return res
 
 
+def step_rows(decomposition: list) -> list:
+    """Per rank and profiled step: its sync wait and its span (the profiled step's own length)."""
+    return [{"rank": r["rank"], "step": r["step"], "sync_wait_us": r.get("sync_wait"), "span_us": r.get("span_us")}
+            for r in decomposition]
+
+
 def late_step(step: int, period: int) -> bool:
     return (step // period) % 2 == 1
 
@@ -95,28 +100,40 @@ def judge_interleaved(case: dict, late_rank: int, period: int) -> dict:
     """Truth and recovered value from one run: late steps against on-time ones (module docstring)."""
     if "steps" not in case:
         return {"ok": False, "why": "no analysis"}
-    truth, rec = [], []
+    truth, rec, seen = [], [], []
     for r, st in case["steps"].items():
         if int(r) == late_rank:
             continue
         plain = list(zip(st["plain_steps"], st["plain_step_us"]))
         late_p = [us for s, us in plain if late_step(s, period)]
         on_p = [us for s, us in plain if not late_step(s, period)]
-        waits = {w["step"]: w["sync_wait_us"] for w in case["step_sync_wait_us"] if str(w["rank"]) == r}
-        prof = [(st["profiled_steps"][k], w) for k, w in waits.items() if k < len(st["profiled_steps"]) and w is not None]
-        late_w = [w for s, w in prof if late_step(s, period)]
-        on_w = [w for s, w in prof if not late_step(s, period)]
+        mine = [w for w in case["step_sync_wait_us"] if str(w["rank"]) == r and w["step"] < len(st["profiled_steps"])
+                and w["sync_wait_us"] is not None]
+        prof = [(st["profiled_steps"][w["step"]], w["sync_wait_us"], w.get("span_us")) for w in mine]
+        late_w = [w for s, w, _ in prof if late_step(s, period)]
+        on_w = [w for s, w, _ in prof if not late_step(s, period)]
         if not (late_p and on_p and late_w and on_w):
             return {"ok": False, "why": f"rank {r}: too few late or on-time steps"}
         # medians: a host-bound job's step has outliers of several times its length (a 155 ms step among
         # 20 ms ones on 4 H100s), which a mean of a few steps would carry as the delay's effect
         truth.append(statistics.median(late_p) - statistics.median(on_p))
         rec.append(statistics.median(late_w) - statistics.median(on_w))
+        spans_late = [sp for s, _, sp in prof if late_step(s, period) and sp is not None]
+        spans_on = [sp for s, _, sp in prof if not late_step(s, period) and sp is not None]
+        if spans_late and spans_on:
+            seen.append(statistics.median(spans_late) - statistics.median(spans_on))
     t, x = statistics.mean(truth), statistics.mean(rec)
     named = case.get("straggler") == late_rank
     within = t > 0 and abs(x - t) <= LIMIT * t
-    return {"truth_us": t, "recovered_us": x, "error": (x / t - 1) if t else None, "named": named,
-            "ok": bool(named and within)}
+    out = {"truth_us": t, "recovered_us": x, "error": (x / t - 1) if t else None, "named": named,
+           "ok": bool(named and within)}
+    if len(seen) == len(truth):
+        # the same change in the profiled steps themselves (their spans, not the rows): where it and the plain
+        # one differ, recording moved the program, not the rule; rule_ok holds the rows to it
+        s_ = statistics.mean(seen)
+        out.update(profiled_truth_us=s_, recording_moved_us=s_ - t,
+                   rule_ok=bool(s_ > 0 and abs(x - s_) <= LIMIT * s_))
+    return out
 
 
 def judge(base: dict, case: dict, late_rank: int) -> dict:
@@ -137,7 +154,8 @@ def main():
     ap.add_argument("--cases", default="0,host:3,device:3")
     ap.add_argument("--record", default="timing")
     ap.add_argument("--period", type=int, default=1, help="late only in steps i with (i // P) odd; 0: every step")
-    ap.add_argument("--steps", type=int, default=16, help="profiled steps, and as many plain ones, per case")
+    ap.add_argument("--steps", type=int, default=32, help="profiled steps, and as many plain ones, per case (medians "
+                    "of 8 late and 8 on-time steps moved by up to 1 ms on a 66 ms step)")
     ap.add_argument("--program-args", default=PROGRAM_ARGS, help="the DDP program's model size (its own flags)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

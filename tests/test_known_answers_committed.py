@@ -94,3 +94,30 @@ def test_the_late_rank_rows_follow_from_the_records_by_todays_rules(world):
         assert again[case]["recovered_us"] == pytest.approx(r["recovered_us"], rel=1e-6, abs=1e-6), case
         assert again[case]["planted_us"] == pytest.approx(r["planted_us"], rel=1e-6, abs=1e-6), case
         assert len(again[case]["per_rank"]) == world - 1  # every rank but the late one waited
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_ddp_straggler_and_its_wait_follow_from_the_committed_traces(world, tmp_path):
+    # a real DDP job (benchmarks/programs/ddp_llama.py, device-bound) with its last rank late by 3 ms on the
+    # host in every other step: analysed again by today's rules, its traces give the committed document's
+    # verdict, and that verdict holds: the late rank named, the waiting ranks' sync wait (late steps less
+    # on-time ones) within 15% of their plain step's change, measured by CUDA events without the record
+    import sys
+
+    from committed import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import ddp_rejudge
+
+    doc = json.loads(committed(f"reports/known_answer/ddp-h200-x{world}.json").read_text())
+    traces = f"reports/known_answer/ddp-h200-x{world}-traces"
+    for name in ["plain.json", *(f"plain_rank{r}.json" for r in range(world)), *(f"rank{r}.json.gz" for r in range(world))]:
+        committed(f"{traces}/host-3ms/{name}")
+    again = ddp_rejudge.rejudge(json.loads(json.dumps(doc)), ROOT / traces)
+    case = next(c for c in doc["cases"] if c["late_on"] == "host" and c["late_ms"] == 3.0)
+    now = next(c for c in again["cases"] if c["late_on"] == "host" and c["late_ms"] == 3.0)
+    for k in ("truth_us", "recovered_us", "profiled_truth_us"):
+        assert now["verdict"][k] == pytest.approx(case["verdict"][k], rel=1e-6), k
+    assert now["straggler"] == world - 1 and now["verdict"]["named"]
+    v = now["verdict"]
+    assert v["truth_us"] > 1000.0 and abs(v["recovered_us"] - v["truth_us"]) <= 0.15 * v["truth_us"] and v["ok"]
