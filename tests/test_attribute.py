@@ -285,3 +285,25 @@ def test_an_activity_launched_in_no_window_is_charged_to_none():
     assert r["unattributed"] == pytest.approx(30.5)
     assert r["launch"] + r["queued"] + r["host_bound"] == pytest.approx(0.0)
     adds_up(r)
+
+
+def test_kernels_without_floors_of_their_own_are_inefficient_together_beyond_the_windows_floor():
+    # someone else's sequence (PyTorch's fused matmul + reduce-scatter): no kernel carries a floor, and a copy
+    # runs beside the GEMMs on a second stream. The window's floor is the ideal; their busy time beyond it is
+    # inefficiency, counted once, so nothing is left unattributed (not minus the floor, not minus the overlap)
+    from taxes.traces.timeline import timeline
+
+    acts = [{"name": "gemm0", "start_us": 10.0, "end_us": 70.0, "correlation": 1, "stream": 0},
+            {"name": "copy0", "start_us": 40.0, "end_us": 80.0, "correlation": 2, "stream": 1},
+            {"name": "gemm1", "start_us": 70.0, "end_us": 130.0, "correlation": 3, "stream": 0}]
+    calls = [{"name": "cudaLaunchKernel", "kind": "launch", "start_us": 1.0 + i, "end_us": 1.5 + i, "correlation": i + 1}
+             for i in range(3)]
+    host = [{"name": "step 0", "kind": "step", "start_us": 0.0, "end_us": 130.0}]
+    tl = timeline(0, acts, calls, host, [{"step": 0, "start_us": 0.0, "end_us": 130.0}])
+    r = one(rows_of(tl, floor=Floor(compute_us=70.0, hbm_us=20.0))[1])
+    busy = 120.0  # 10 to 130: the copy ran beside the GEMMs
+    assert r["ideal"] == pytest.approx(70.0)
+    assert r["inefficiency"] == pytest.approx(busy - 70.0)
+    assert r["compute"] == pytest.approx(0.0)
+    assert r["unattributed"] == pytest.approx(0.0, abs=1e-6)
+    adds_up(r)

@@ -29,6 +29,7 @@ then:
     ideal             the floor max(T_compute, T_link, T_hbm) (when a floor is given)          derived
     locality          intermediate bytes x time per byte (when given)                          derived
     inefficiency      per compute kernel with a known floor: busy - in-kernel wait - its floor   derived
+                      (where none of the window's kernels has one, their time together less the floor)
     compute           compute busy time of kernels without a floor, less in-kernel waits, and, when no
                       floor is given at all, less the locality estimate                        derived
     unattributed      window - everything above, with its sign: unknown idle, and where the kernels'
@@ -228,10 +229,16 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         dur = (e - s)[~comm] - wait_all[pos][~comm] - st
         fl = floor_all[pos][~comm]
         known = ~np.isnan(fl)
-        if floor is not None:
+        if floor is not None and known.any():
             r["ideal"] = floor.ideal_us
             r["inefficiency"] = float(np.sum(dur[known] - fl[known]))
             r["compute"] = float(np.sum(dur[~known]))
+        elif floor is not None:
+            # no kernel carries a floor of its own (someone else's kernels, e.g. PyTorch's fused op): as a group,
+            # their time beyond the window's floor; the floor and all their time would count the work twice
+            # (their busy union: such a sequence often runs kernels side by side on several streams)
+            r["ideal"] = floor.ideal_us
+            r["inefficiency"] = compute_busy - in_kernel_wait - stretch - floor.ideal_us
         else:
             r["compute"] = compute_busy - in_kernel_wait - r["locality"] - stretch
         # idle, gap by gap
