@@ -144,3 +144,25 @@ def test_check_over_every_committed_document_at_once(capsys, tmp_path):
     assert code in (0, 1), err
     assert "| closure |" in out and "internal error" not in err
     assert "document(s) that hold no measurement" in err  # the model documents
+
+
+def test_a_ladder_that_disagrees_is_split_into_the_rows_the_graph_moved_and_the_measurement_costs():
+    from taxes.documents.checks import ladder_cause
+
+    def variant(name, rows, plain):
+        att = math.fsum(rows.values())
+        return {"variant": name, "attributed_e2e_us": att, "plain_e2e_us": plain, "measurement_cost_us": att - plain,
+                "components": [{"name": k, "value_us": v, "rank": None} for k, v in rows.items()]}
+
+    # the graph removes 60 us of launch and host-bound time but its collective waits 30 us longer; measuring
+    # costs bsp +10 us and the graph -5 us: plain ladder 15, instrumented 30, timeline 60
+    b = variant("bsp", {"launch": 50.0, "host_bound": 20.0, "sync_wait": 10.0, "compute": 100.0}, 170.0)
+    g = variant("bsp-graph", {"launch": 2.0, "host_bound": 8.0, "sync_wait": 40.0, "compute": 100.0}, 155.0)
+    pair = {"bsp": "bsp", "graph": "bsp-graph", "plain_us": 15.0, "timeline_us": 60.0, "instrumented_us": 30.0,
+            "plain_spread_us": [5.0, 5.0]}
+    cause = ladder_cause(pair, {"variants": [b, g]})
+    assert "sync_wait -30.0 us" in cause and "compute" not in cause  # only what moved
+    assert "instrumented runs' ladder (30.0 us)" in cause
+    assert "bsp +10.0 us, bsp-graph -5.0 us" in cause and "-15.0 us from it" in cause
+    # 60 (timeline) - 30 (the wait the graph added) = 30 (instrumented); 30 - (10 - (-5)) = 15 (plain)
+    assert ladder_cause(pair).startswith("unexplained")  # without the variants' rows nothing is named

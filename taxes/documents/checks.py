@@ -75,7 +75,7 @@ def case_checks(case: dict) -> list[dict]:
         ladder, timeline = pair["plain_us"], pair["timeline_us"]
         err = (timeline - ladder) / ladder if ladder > 0 else None
         r = _row("ladder", case, pair["bsp"], f"{pair['bsp']} - {pair['graph']}: launch + host_bound", timeline, ladder, err)
-        r["cause"] = ladder_cause(pair) if not r["ok"] else ""
+        r["cause"] = ladder_cause(pair, case) if not r["ok"] else ""
         rows.append(r)
     return rows
 
@@ -139,19 +139,47 @@ def unattributed_cause(rows: dict, e2e_us: float) -> str:
     return "unexplained"
 
 
-def ladder_cause(pair: dict) -> str:
-    """Why the timeline and the plain ladder disagree, where the document shows it: the instrumented runs'
-    own ladder (the runs the timeline comes from) and the plain runs' spread."""
+def ladder_cause(pair: dict, case: dict | None = None) -> str:
+    """Why the timeline and the plain ladder disagree, where the document shows it. Both decompose exactly
+    into measured parts: the instrumented runs' ladder (the runs the timeline comes from) is the change of
+    every row from bsp to its graph, so beyond launch + host_bound it is the change of the others (the graph
+    moved them too); the plain ladder is the instrumented one less the change of measurement cost (bsp's
+    minus the graph's)."""
     inst = pair.get("instrumented_us")
     if inst is None or inst <= 0:
         return "unexplained"
     agree = (pair["timeline_us"] - inst) / inst
     spread = max(pair.get("plain_spread_us") or [0.0])
+    by = {v["variant"]: v for v in (case or {}).get("variants", [])}
+    b, g = by.get(pair["bsp"]), by.get(pair["graph"])
+    costs = ""
+    if b and g and b.get("measurement_cost_us") is not None and g.get("measurement_cost_us") is not None:
+        costs = (f"; the measurement costs ({pair['bsp']} {b['measurement_cost_us']:+.1f} us, {pair['graph']} "
+                 f"{g['measurement_cost_us']:+.1f} us) make the plain ladder {pair['plain_us'] - inst:+.1f} us from it")
     if abs(agree) <= limits()["ladder"]:
-        return (f"the timeline agrees with the instrumented runs' ladder ({inst:.1f} us, {100 * agree:+.1f}%); the plain "
-                f"ladder differs from it by {pair['plain_us'] - inst:+.1f} us: run-to-run variance (the plain runs' "
-                f"p10-p90 spread is up to {spread:.1f} us) or measurement cost")
-    return f"unexplained: the instrumented runs' ladder is {inst:.1f} us ({100 * agree:+.1f}% from the timeline)"
+        tail = costs or (f"; the plain ladder differs from it by {pair['plain_us'] - inst:+.1f} us: run-to-run variance "
+                         "or measurement cost")
+        return (f"the timeline agrees with the instrumented runs' ladder ({inst:.1f} us, {100 * agree:+.1f}%){tail} "
+                f"(the plain runs' p10-p90 spread is up to {spread:.1f} us)")
+    moved = _other_rows_moved(b, g)
+    if not moved:
+        return f"unexplained: the instrumented runs' ladder is {inst:.1f} us ({100 * agree:+.1f}% from the timeline)"
+    return (f"the graph moved other rows too ({pair['bsp']} minus {pair['graph']}: {moved}): with launch + host_bound they make the instrumented "
+            f"runs' ladder ({inst:.1f} us){costs}")
+
+
+def _other_rows_moved(b: dict | None, g: dict | None, top: int = 3) -> str:
+    """The rows other than launch and host_bound that changed most from a bsp variant to its graph (bsp minus
+    graph, us), from their overall rows; '' without rows."""
+    if not b or not g:
+        return ""
+    rb = {c["name"]: c["value_us"] for c in b.get("components", []) if c.get("rank") is None}
+    rg = {c["name"]: c["value_us"] for c in g.get("components", []) if c.get("rank") is None}
+    if not rb or not rg:
+        return ""
+    d = {k: rb.get(k, 0.0) - rg.get(k, 0.0) for k in set(rb) | set(rg) if k not in ("launch", "host_bound")}
+    big = sorted((k for k in d if abs(d[k]) >= 0.05), key=lambda k: -abs(d[k]))[:top]
+    return ", ".join(f"{k} {d[k]:+.1f} us" for k in big)
 
 
 def checks_frame(doc: dict) -> pd.DataFrame:
