@@ -166,3 +166,22 @@ def test_a_ladder_that_disagrees_is_split_into_the_rows_the_graph_moved_and_the_
     assert "bsp +10.0 us, bsp-graph -5.0 us" in cause and "-15.0 us from it" in cause
     # 60 (timeline) - 30 (the wait the graph added) = 30 (instrumented); 30 - (10 - (-5)) = 15 (plain)
     assert ladder_cause(pair).startswith("unexplained")  # without the variants' rows nothing is named
+
+
+def test_phase_floors_beyond_the_steps_floor_are_named_beside_the_locality_estimate():
+    # tp-mlp: an HBM-bound SwiGLU between two GEMMs. The step's floor takes the larger of its compute and HBM
+    # totals (as if the SwiGLU overlapped the GEMMs); each phase's own floor prices the SwiGLU on its own, so
+    # the kernels' time beyond the step's floor (95.4 us) is in no row, while the locality estimate (196.2 us)
+    # is counted twice: unattributed = 95.4 - 196.2
+    from taxes.documents.checks import floors_beyond_step, unattributed_cause
+
+    var = {"attribution": {"phase_floors_us": {"matmul1": 597.4, "swiglu": 95.4, "matmul2": 298.7}},
+           "floor": {"ideal_us": 896.1}}
+    extra = floors_beyond_step(var)
+    assert extra == pytest.approx(95.4)
+    cause = unattributed_cause({"unattributed": 95.4 - 196.2, "locality": 196.2}, 1403.0, extra)
+    assert "95.4 us more than the step's floor" in cause and "to +0.0 us" in cause
+    # a remainder the two do not explain stays unexplained, with its size
+    assert "+20.0 us beyond them unexplained" in unattributed_cause({"unattributed": 115.4 - 196.2, "locality": 196.2},
+                                                                    1403.0, extra)
+    assert floors_beyond_step({"attribution": {}, "floor": {"ideal_us": 1.0}}) == 0.0

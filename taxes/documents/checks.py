@@ -67,7 +67,7 @@ def case_checks(case: dict) -> list[dict]:
             rows.append(r)
         r = _row("unattributed", case, v["variant"], "overall", oc.get("unattributed"), e2e,
                  oc.get("unattributed", 0.0) / e2e)
-        r["cause"] = unattributed_cause(oc, e2e) if not r["ok"] else ""
+        r["cause"] = unattributed_cause(oc, e2e, floors_beyond_step(v)) if not r["ok"] else ""
         rows.append(r)
     for pair in ((case.get("extra") or {}).get("ladder") or {}).get("pairs", []):
         if "timeline_us" not in pair:
@@ -123,19 +123,37 @@ def _kernels_per_iteration(rank: dict) -> int:
     return round(len(tl.activities) / len(tl.windows)) if len(tl.windows) else 0
 
 
-def unattributed_cause(rows: dict, e2e_us: float) -> str:
-    """Why the rows do not add up to the E2E without an unattributed remainder, where the document shows it:
-    the locality estimate is priced from bytes, never capped, and the intermediate's HBM traffic it prices
-    is time the kernels already spent (inside ideal + inefficiency): counted twice, it leaves unattributed
-    at minus its size."""
+def floors_beyond_step(var: dict) -> float:
+    """How much more the variant's phases' own floors add up to than its step's floor, us per iteration (0 when
+    the document keeps no phase floors): each phase is priced at its own bound (compute or HBM), the step at
+    the larger of its totals, as if its memory-bound phases overlapped its compute-bound ones. The rows count
+    each kernel's time as its phase's floor plus inefficiency, so that much of it is in no row."""
+    floors = (var.get("attribution") or {}).get("phase_floors_us") or {}
+    ideal = (var.get("floor") or {}).get("ideal_us")
+    if not floors or ideal is None:
+        return 0.0
+    return max(0.0, math.fsum(floors.values()) - ideal)
+
+
+def unattributed_cause(rows: dict, e2e_us: float, floors_beyond_us: float = 0.0) -> str:
+    """Why the rows do not add up to the E2E without an unattributed remainder, where the document shows it.
+    Two derived rows price the same time differently from the kernels: the locality estimate is priced from
+    bytes, never capped, and the intermediate's HBM traffic it prices is time the kernels already spent
+    (inside ideal + inefficiency): counted twice, it leaves unattributed at minus its size; and the phases'
+    own floors beyond the step's floor (floors_beyond_step) are kernel time in no row: plus their excess."""
     un, loc = rows.get("unattributed", 0.0), rows.get("locality", 0.0)
+    rest = un + loc - floors_beyond_us
+    close = abs(rest) <= max(0.01 * e2e_us, 0.5)
+    floors = (f"the phases' own floors add up to {floors_beyond_us:.1f} us more than the step's floor (each priced at "
+              "its own bound, the step at the larger of its totals)")
     if un < 0 and loc > 0:
-        rest = un + loc
-        if abs(rest) <= max(0.01 * e2e_us, 0.5):
-            return (f"the locality estimate ({loc:.1f} us, priced from bytes) is kernel time the rows already count: "
-                    f"unattributed is minus it to {rest:+.1f} us")
-        return (f"the locality estimate ({loc:.1f} us) is kernel time the rows already count; {rest:+.1f} us "
-                "beyond it unexplained")
+        what = (f"the locality estimate ({loc:.1f} us, priced from bytes) is kernel time the rows already count"
+                + (f", and {floors}" if floors_beyond_us > 0 else ""))
+        if close:
+            return f"{what}: unattributed is {'the second less the first' if floors_beyond_us > 0 else 'minus it'} to {rest:+.1f} us"
+        return f"{what}; {rest:+.1f} us beyond {'them' if floors_beyond_us > 0 else 'it'} unexplained"
+    if floors_beyond_us > 0 and close:
+        return f"{floors}: unattributed is that, less the locality estimate ({loc:.1f} us), to {rest:+.1f} us"
     return "unexplained"
 
 

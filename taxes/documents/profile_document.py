@@ -156,6 +156,7 @@ def attribute_variant(w, variant: str, tls_by_clock: dict, samples: list, hw: Ha
     a, s, tls = results[chosen]
     out = entries_from(a, s, tls, plain, costs, chosen, loc_bytes)
     out["attribution"]["splits"] = splits
+    out["attribution"]["phase_floors_us"] = floors
     return out
 
 
