@@ -19,7 +19,7 @@ graphs over KV sets rotated beyond L2, the combinations of
 with per-program %globaltimer stamps (start, loop end, arrival, merge end), %smid and tiles streamed. A
 group of one split writes its output itself (no merge), as decode_kernel does.
 
-What it found on one H100 (reports/flash_decode/decode_schedule_probe-h100.json, -claims-h100.json):
+What it found on one H100 (reports/flash_decode/decode_schedule_probe-h100.json.gz, -claims-h100.json):
 claimed tiles take twice as long; 132 programs are 0.2-1 us slower than 128; a correct polled merge is
 slower than the ticket everywhere (0.5-1.8 us at B=16, 3-61 us at B <= 4); without any merge B=1, S=32K,
 D=64 takes 25.3-25.5 us (0.85 of the floor), so the ticket merge's 1-2 us is what holds it under; one

@@ -4,6 +4,7 @@ prior sweep), each timed, the best few again, and the winners written into the t
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -95,7 +96,9 @@ def candidates(B, S, D, sms):
 def targeted_candidates(B, S, D, sms, args):
     """--splits-extra: the --top kernel variants of the --prior sweep at this shape, at the given split
     counts, and the tuned table's config for the shape (so both are timed in the same run)."""
-    prior = json.loads(Path(args.prior).read_text())["sweep"] if args.prior else []
+    # an earlier sweep's JSON, compressed (as the committed one is) or not
+    raw = Path(args.prior).read_bytes() if args.prior else b""
+    prior = json.loads(gzip.decompress(raw) if args.prior.endswith(".gz") else raw)["sweep"] if args.prior else []
     rows = sorted((e for e in prior if (e["B"], e["S"], e["D"]) == (B, S, D) and e.get("us")), key=lambda e: e["us"])
     variants = []
     for e in rows:
