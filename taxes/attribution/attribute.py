@@ -172,11 +172,12 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
     # compute slowed by a collective waiting beside it on another stream: a kernel is known by its name and its
     # occurrence in its step (a training step runs the same kernels in the same order)
     waiting = comm_all & (coll_wait > 0.0)
-    names = acts["name"].astype(str).values
-    kernel_keys = (pd.Series(names) + "#" + pd.Series(names).groupby([step_of, names]).cumcount().astype(str)).values \
-        if len(acts) else np.empty(0, dtype=object)
-    stretch_all = wait_stretch(kernel_keys, starts_all, ends_all, ~comm_all, starts_all[waiting],
-                               np.minimum(starts_all[waiting] + coll_wait[waiting], ends_all[waiting]))
+    stretch_all = np.zeros(len(acts))
+    if waiting.any():
+        names = pd.Series(acts["name"].astype(str).values)
+        kernel_keys = (names + "#" + names.groupby([step_of, names.values]).cumcount().astype(str)).values
+        stretch_all = wait_stretch(kernel_keys, starts_all, ends_all, ~comm_all, starts_all[waiting],
+                                   np.minimum(starts_all[waiting] + coll_wait[waiting], ends_all[waiting]))
     rows, gap_frames = [], []
     for w in tl.windows.itertuples(index=False):
         lo, hi = float(w.start_us), float(w.end_us)

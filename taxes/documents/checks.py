@@ -191,8 +191,7 @@ def _other_rows_moved(b: dict | None, g: dict | None, top: int = 3) -> str:
     graph, us), from their overall rows; '' without rows."""
     if not b or not g:
         return ""
-    rb = {c["name"]: c["value_us"] for c in b.get("components", []) if c.get("rank") is None}
-    rg = {c["name"]: c["value_us"] for c in g.get("components", []) if c.get("rank") is None}
+    rb, rg = _overall(b), _overall(g)
     if not rb or not rg:
         return ""
     d = {k: rb.get(k, 0.0) - rg.get(k, 0.0) for k in set(rb) | set(rg) if k not in ("launch", "host_bound")}
