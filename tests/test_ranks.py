@@ -347,11 +347,13 @@ def test_the_machines_gpu_picks_its_hardware_profile():
     assert hw.name == "h200-sxm" and warn and "taxes calibrate" in warn
 
 
-def _ddp_like(rank: int, late_us: float, host_period_us: float = 100.0, t_us: float = 30.0):
+def _ddp_like(rank: int, late_us: float, host_period_us: float = 100.0, t_us: float = 30.0,
+              opt_launch_us: float | None = None):
     """A host-bound rank (its host launches a 20 us kernel every host_period_us) whose gradient all-reduce,
     launched after the second kernel on its own stream, overlaps the rest of the backward; the optimizer kernel,
     launched last, waits for it. Rank 1 reaches the all-reduce late_us later than rank 0 (the all-reduce ends
-    t_us after the later arrival on both)."""
+    t_us after the later arrival on both). opt_launch_us: the optimizer's launch, if not last (queued early, it
+    still runs after the backward and the all-reduce)."""
     from taxes.traces.timeline import timeline
 
     acts, calls, host = [], [], [{"name": "step 0", "kind": "step", "start_us": 0.0, "end_us": 0.0}]
@@ -374,8 +376,9 @@ def _ddp_like(rank: int, late_us: float, host_period_us: float = 100.0, t_us: fl
     launch("ncclDevKernel_AllReduce", corr, 149.0, arrive[rank], ar_end - arrive[rank], stream=1, comm="nccl",
            coll="ar:1")
     corr += 1
-    opt_at = 4 * host_period_us
-    launch("adamw", corr, opt_at, max(opt_at + 1.0 + lat, ar_end), 20.0)
+    opt_at = 4 * host_period_us if opt_launch_us is None else opt_launch_us
+    launch("adamw", corr, opt_at, max(opt_at + 1.0 + lat, ar_end, max(a["end_us"] for a in acts if a["stream"] == 0)),
+           20.0)
     end = max(a["end_us"] for a in acts)
     return timeline(rank, acts, calls, host, [{"step": 0, "start_us": 0.0, "end_us": end}])
 
@@ -392,6 +395,29 @@ def test_a_wait_the_ranks_own_host_would_have_idled_through_is_host_bound_not_sy
     assert a["sync_wait"] - b["sync_wait"] == pytest.approx(truth, abs=0.05 * late)
     if truth == 0.0:  # the whole wait passed while the host was still launching the backward
         assert a["sync_wait"] == pytest.approx(0.0, abs=1e-6) and a["host_bound"] > b["host_bound"]
+    adds_up(a), adds_up(b)
+
+
+@pytest.mark.parametrize("late", [250.0, 400.0, 900.0])
+def test_compute_idle_inside_a_wait_that_the_host_made_is_host_bound_even_when_the_next_kernel_was_queued(late):
+    # The optimizer is queued at once behind the all-reduce, but the backward is still launched by a slow host:
+    # inside the wait the device idles between backward kernels the host had not launched yet, as it does
+    # when nobody is late. Only the idle after the last backward kernel, until the wait ends, is the peer's;
+    # the transfer after it is exposed_transfer. The truth is rank 0's step end change from the simulated
+    # times, less the transfer the wait exposed.
+    on_time = [_ddp_like(r, 0.0, opt_launch_us=149.5) for r in (0, 1)]
+    with_late = [_ddp_like(r, late, opt_launch_us=149.5) for r in (0, 1)]
+    def exposed_transfer(tl):  # the all-reduce's transfer (after the later arrival) no backward kernel overlapped
+        acts = tl.activities
+        ar = acts[acts["comm"] != ""].iloc[0]
+        return max(0.0, ar["end_us"] - max(acts[acts["name"] == "bwd3"]["end_us"].iloc[0], ar["end_us"] - 30.0))
+
+    truth = (with_late[0].windows.loc[0, "end_us"] - exposed_transfer(with_late[0])) - \
+        (on_time[0].windows.loc[0, "end_us"] - exposed_transfer(on_time[0]))
+    a, b = one(attribute(with_late).rows, 0), one(attribute(on_time).rows, 0)
+    assert truth > 0.0
+    assert a["sync_wait"] - b["sync_wait"] == pytest.approx(truth, abs=0.5)
+    assert a["host_bound"] > b["host_bound"]  # the host's own gaps inside the wait stay the host's
     adds_up(a), adds_up(b)
 
 

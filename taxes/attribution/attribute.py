@@ -17,9 +17,10 @@ then:
     sync_wait         per collective instance matched across ranks (same `collective` key, overlapping in
                       time): how much longer this rank's collective took than the quickest rank's, at most
                       the latest arrival (start) minus this rank's; of that wait, the part that held the
-                      rank's next compute kernel (at most the collective's end minus the start of that
-                      kernel's launching call: before it the rank's own host held the kernel, and that
-                      part is host_bound); its exposed part. Plus the stretch of the rank's compute that
+                      rank's next compute kernel: the last stretch of it without compute (where compute
+                      resumed inside the wait, the idle before was the rank's own host's), at most the
+                      collective's end minus the start of the launching call of the first compute kernel
+                      after it (before it the rank's own host held the kernel); the rest is host_bound. Plus the stretch of the rank's compute that
                       ran beside a waiting collective (a waiting NCCL kernel keeps its SMs: each kernel's
                       duration less its own median where it overlapped no wait, within its overlap with the
                       waits; summed over the window, never below 0). Plus, inside fused kernels, the time the CTA
@@ -191,9 +192,9 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         busy = measure(all_m, lo, hi)
         compute_busy = measure(comp_m, lo, hi)
         exposed = busy - compute_busy
-        # sync wait at collectives: the exposed part of the wait that held the rank's next compute kernel
-        # (taxes.attribution.waits.binding_wait); the rest of the wait passed while the rank's own host had not yet begun launching
-        # that kernel, which would have idled for its host all the same: host_bound
+        # sync wait at collectives: of the wait the rank spent without compute, the part that held its next
+        # compute kernel (taxes.attribution.waits.binding_wait); the rest passed while the rank's own host had not
+        # yet launched its kernels, which would have idled for its host all the same: host_bound
         cw = coll_wait[pos][comm]
         wait_m = merge(s[comm], np.minimum(s[comm] + cw, e[comm]))
         sync_all = sync_coll = min(measure(union(wait_m, comp_m), lo, hi) - compute_busy, exposed)
@@ -201,9 +202,7 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
             # a kernel that started no later than its launching call (emulated ranks: the host is the device)
             # had no host to wait for apart from itself: its wait is all held
             host_cs = np.where(cs[pos][~comm] >= starts_all[pos][~comm], np.nan, cs[pos][~comm])
-            held = binding_wait(s[comm], e[comm], cw, s[~comm], host_cs)
-            wait_m = merge(np.minimum(s[comm] + cw, e[comm]) - held, np.minimum(s[comm] + cw, e[comm]))
-            sync_coll = min(measure(union(wait_m, comp_m), lo, hi) - compute_busy, exposed)
+            sync_coll = min(binding_wait(s[comm], e[comm], cw, comp_m, s[~comm], host_cs), exposed)
         own_host = max(0.0, sync_all - sync_coll)
         in_kernel_wait = float(wait_all[pos][~comm].sum())
         unhide = floor.unhideable_link_us if floor is not None else 0.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from taxes.traces.timeline import Timeline, covered, merge
+from taxes.traces.timeline import Timeline, covered, gaps, merge
 
 
 def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0) -> pd.DataFrame:
@@ -64,25 +64,39 @@ def start_skews(timelines: list[Timeline]) -> dict:
 
 
 
-def binding_wait(arrivals: np.ndarray, ends: np.ndarray, waits: np.ndarray, comp_starts: np.ndarray,
-                  comp_cs: np.ndarray) -> np.ndarray:
-    """Per collective: how much of its wait held the rank's next compute kernel (the first to start at or after
-    the collective's end): that kernel starts at max(its launch, the collective's end), so a wait moves it
-    only past the start of its launching call, min(wait, end - launch call start). A kernel launched long
-    before (queued, waiting on the collective) takes the whole wait; one whose launch began after the wait
-    was over takes none (the rank's host, not the peer, held it). No compute after the collective: the
-    whole wait."""
-    held = waits.astype(float).copy()
-    if len(comp_starts) == 0:
-        return held
+def binding_wait(arrivals: np.ndarray, ends: np.ndarray, waits: np.ndarray, compute: tuple, comp_starts: np.ndarray,
+                 comp_cs: np.ndarray) -> float:
+    """Of the time the rank's collectives waited while it ran no compute (compute: the merged compute
+    intervals), how much held the rank's next compute kernel, us. Where compute resumed inside a wait, the
+    kernel held the idle before it only if it had been launched before that idle began (it waited on a
+    dependency, e.g. an earlier collective); launched during it, the idle was the rank's own host's. Of the
+    last compute-idle piece before a wait ends, only the part after the launching call of the first compute
+    kernel to start at or after the collective's end counts: that
+    kernel starts at max(its launch, the collective's end), so a wait moves it only past the start of its
+    launching call, min(piece, end - launch call start). A kernel launched long before (queued, waiting on
+    the collective) takes the whole piece; one whose launch began after the collective ended takes none. No
+    compute after the collective, or no launch time (comp_cs NaN): the whole piece."""
+    we = np.minimum(arrivals + waits, ends)
+    has = we > arrivals
+    if not has.any():
+        return 0.0
     order = np.argsort(comp_starts, kind="stable")
     cst, ccs = comp_starts[order], comp_cs[order]
-    nxt = np.searchsorted(cst, ends, side="left")
-    has = nxt < len(cst)
-    launch = np.where(has, ccs[np.minimum(nxt, len(cst) - 1)], np.nan)
-    bound = ~np.isnan(launch)
-    held[bound] = np.clip(np.minimum(waits[bound], ends[bound] - launch[bound]), 0.0, None)
-    return held
+    total = 0.0
+    for wa, wb in zip(*merge(arrivals[has], we[has])):
+        ga, gb = gaps(compute, wa, wb)
+        for a, b in zip(ga, gb):
+            if b < wb:  # compute resumed inside the wait: held only if that kernel was launched before the idle
+                i = np.searchsorted(cst, b, side="left")
+                launch = ccs[i] if i < len(cst) else np.nan
+                total += float(b - a) if (np.isnan(launch) or launch <= a) else 0.0
+                continue
+            inside = has & (arrivals >= wa) & (we <= wb)
+            coll_end = float(ends[inside].max())
+            i = np.searchsorted(cst, coll_end, side="left")
+            launch = ccs[i] if i < len(cst) else np.nan
+            total += float(b - a) if np.isnan(launch) else max(0.0, min(float(b - a), coll_end - launch))
+    return total
 
 
 def harness_wait(skew: float, arrivals: np.ndarray, waits: np.ndarray, leads: np.ndarray, in_kernel: float,
