@@ -66,30 +66,40 @@ def trace_case(out: Path, gpus: int, on: str, ms: float, record: str, port: int,
     plain = json.loads((case_dir / "plain.json").read_text())
     var = doc["cases"][0]["variants"][0]
     sync = {c["rank"]: c["value_us"] for c in var["components"] if c["name"] == "sync_wait" and c["rank"] is not None}
-    strag = doc.get("trace_analysis", {}).get("stragglers", [])
     by_rank = {}
     for f in case_dir.glob("plain_rank*.json"):
         d = json.loads(f.read_text())
         by_rank[str(d["rank"])] = {"plain_steps": d["plain_steps"], "plain_step_us": d["plain_step_us"],
                                    "profiled_steps": d["profiled_steps"]}
     res["steps"] = by_rank
-    res["step_sync_wait_us"] = step_rows(doc.get("trace_analysis", {}).get("decomposition", []))
+    res.update(analysis_of(doc.get("trace_analysis", {})))
     res.update(plain_step_us={r: statistics.median(v) for r, v in plain.items()},
                sync_wait_us={str(r): v for r, v in sync.items()},
                plain_e2e_us=var.get("plain_e2e_us"), attributed_e2e_us=var.get("attributed_e2e_us"),
-               measurement_cost_us=var.get("measurement_cost_us"),
-               stragglers=strag, straggler=next((s["rank"] for s in strag if s.get("straggler")), None),
-               warnings=doc["metadata"].get("warnings", []))
+               measurement_cost_us=var.get("measurement_cost_us"), warnings=doc["metadata"].get("warnings", []))
     if os.environ.get("DDP_DROP_TRACES"):  # only the verdicts wanted: no traces left behind
         for p_ in case_dir.glob("rank*.json*"):
             p_.unlink()
     return res
 
 
-def step_rows(decomposition: list) -> list:
-    """Per rank and profiled step: its sync wait and its span (the profiled step's own length)."""
-    return [{"rank": r["rank"], "step": r["step"], "sync_wait_us": r.get("sync_wait"), "span_us": r.get("span_us")}
-            for r in decomposition]
+def analysis_of(trace_analysis: dict) -> dict:
+    """What a case's verdict reads from its trace analysis: per rank and profiled step its sync wait and its
+    span (the profiled step's own length), the straggler table, and the rank it names the straggler."""
+    strag = trace_analysis.get("stragglers", [])
+    return {"step_sync_wait_us": [{"rank": r["rank"], "step": r["step"], "sync_wait_us": r.get("sync_wait"),
+                                   "span_us": r.get("span_us")} for r in trace_analysis.get("decomposition", [])],
+            "stragglers": strag, "straggler": next((s["rank"] for s in strag if s.get("straggler")), None)}
+
+
+def verdict(case: dict, base: dict, late_rank: int, period: int) -> dict:
+    """A case's verdict: with nobody late, no straggler named; with period P, late steps against on-time ones
+    of the same run; with period 0, against the no-delay run (base)."""
+    if not case["late_ms"]:
+        return {"named": case.get("straggler") is None, "ok": case.get("straggler") is None}
+    if period:
+        return judge_interleaved(case, late_rank, period)
+    return judge(base, case, late_rank)
 
 
 def late_step(step: int, period: int) -> bool:
@@ -181,12 +191,7 @@ def main():
         results.append(trace_case(out, args.gpus, on, ms, args.record, 29500 + i, args.period, args.steps,
                                    args.program_args))
         for r in results:
-            if not r["late_ms"]:
-                r["verdict"] = {"named": r.get("straggler") is None, "ok": r.get("straggler") is None}
-            elif args.period:
-                r["verdict"] = judge_interleaved(r, args.gpus - 1, args.period)
-            else:
-                r["verdict"] = judge(results[0], r, args.gpus - 1)
+            r["verdict"] = verdict(r, results[0], args.gpus - 1, args.period)
         out.write_text(json.dumps({"metadata": meta, "cases": results}, indent=1))
     print(f"{'case':>12} {'exit':>4} {'plain r0':>9} {'plain rN':>9} {'sync r0':>8} {'straggler':>9} "
           f"{'cost':>6} {'truth':>7} {'recov':>7} ok")

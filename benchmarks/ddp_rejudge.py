@@ -40,17 +40,9 @@ def rejudge(doc: dict, traces: Path) -> dict:
         if not case_dir.is_dir():
             c["verdict_rules"] = "the run's (its traces were not kept)"
             continue
-        ta = analyse(case_dir)["trace_analysis"]
         c["verdict_at_run"] = c.get("verdict_at_run", c.get("verdict"))
-        c["step_sync_wait_us"] = dk.step_rows(ta["decomposition"])
-        c["stragglers"] = ta["stragglers"]
-        c["straggler"] = next((s["rank"] for s in ta["stragglers"] if s.get("straggler")), None)
-        if not c["late_ms"]:
-            c["verdict"] = {"named": c["straggler"] is None, "ok": c["straggler"] is None}
-        elif meta.get("period"):
-            c["verdict"] = dk.judge_interleaved(c, late_rank, meta["period"])
-        else:
-            raise SystemExit("a run judged against its no-delay case (--period 0) is not redone here")
+        c.update(dk.analysis_of(analyse(case_dir)["trace_analysis"]))
+        c["verdict"] = dk.verdict(c, doc["cases"][0], late_rank, meta.get("period", 0))
         c["verdict_rules"] = "today's, from the kept traces"
         redone.append(case_dir.name)
     meta["verdicts_redone"] = (f"{', '.join(redone)}: analysed again from the kept traces by the rules of "

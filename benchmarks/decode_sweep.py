@@ -4,7 +4,6 @@ prior sweep), each timed, the best few again, and the winners written into the t
 
 from __future__ import annotations
 
-import gzip
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from taxes.documents.results import read_maybe_gzip
 from taxes.kernels.decode_local import TUNED_FILE, Config, LocalDecode, load_tuned, resolve, split_count
 from decode_methods import HKV, HQ, log, measure_ours
 
@@ -97,8 +97,7 @@ def targeted_candidates(B, S, D, sms, args):
     """--splits-extra: the --top kernel variants of the --prior sweep at this shape, at the given split
     counts, and the tuned table's config for the shape (so both are timed in the same run)."""
     # an earlier sweep's JSON, compressed (as the committed one is) or not
-    raw = Path(args.prior).read_bytes() if args.prior else b""
-    prior = json.loads(gzip.decompress(raw) if args.prior.endswith(".gz") else raw)["sweep"] if args.prior else []
+    prior = json.loads(read_maybe_gzip(args.prior, 1 << 30))["sweep"] if args.prior else []
     rows = sorted((e for e in prior if (e["B"], e["S"], e["D"]) == (B, S, D) and e.get("us")), key=lambda e: e["us"])
     variants = []
     for e in rows:

@@ -20,12 +20,13 @@ then:
                       rank's next compute kernel: the last stretch of it without compute (where compute
                       resumed inside the wait, the idle before was the rank's own host's), at most the
                       collective's end minus the start of the launching call of the first compute kernel
-                      after it (before it the rank's own host held the kernel); the rest is host_bound. Plus the stretch of the rank's compute that
-                      ran beside a waiting collective (a waiting NCCL kernel keeps its SMs: each kernel's
-                      duration less its own median where it overlapped no wait, within its overlap with the
-                      waits; summed over the window, never below 0). Plus, inside fused kernels, the time the CTA
-                      that finished last spent waiting on peers (wait_us, from the kernel's own clocks),
-                      beyond the floor's unhideable link time; less start_skew.
+                      after it (before it the rank's own host held the kernel); the rest is host_bound.
+                      Plus the stretch of the rank's compute that ran beside a waiting collective (a
+                      waiting NCCL kernel keeps its SMs: each kernel's duration less its own median where
+                      it overlapped no wait, within its overlap with the waits; summed over the window,
+                      never below 0). Plus, inside fused kernels, the time the CTA that finished last spent
+                      waiting on peers (wait_us, from the kernel's own clocks), beyond the floor's
+                      unhideable link time; less start_skew.
     exposed_transfer  exposed comm - its sync wait - the floor's unhideable link time
     ideal             the floor max(T_compute, T_link, T_hbm) (when a floor is given)          derived
     locality          intermediate bytes x time per byte (when given)                          derived
@@ -215,10 +216,11 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
                                         in_kernel_wait, max(0.0, r["sync_wait"]))
         r["sync_wait"] -= r["start_skew"]
         # the window's compute that ran longer beside a waiting collective: the wait's cost, not the kernels'
+        # (the kernels' own stretches scaled to what the window counts, so the compute rows lose exactly it)
         st = stretch_all[pos][~comm]
-        stretch = min(max(0.0, float(st.sum())), max(0.0, compute_busy - in_kernel_wait))
-        if stretch <= 0.0:
-            st = np.zeros_like(st)
+        total = float(st.sum())
+        stretch = min(max(0.0, total), max(0.0, compute_busy - in_kernel_wait))
+        st = st * (stretch / total) if total > 0.0 else np.zeros_like(st)
         r["sync_wait"] += stretch
         r["exposed_transfer"] = exposed - sync_coll - unhide_comm - own_host
         r["host_bound"] += own_host

@@ -150,7 +150,8 @@ def unattributed_cause(rows: dict, e2e_us: float, floors_beyond_us: float = 0.0)
         what = (f"the locality estimate ({loc:.1f} us, priced from bytes) is kernel time the rows already count"
                 + (f", and {floors}" if floors_beyond_us > 0 else ""))
         if close:
-            return f"{what}: unattributed is {'the second less the first' if floors_beyond_us > 0 else 'minus it'} to {rest:+.1f} us"
+            how = "the second less the first" if floors_beyond_us > 0 else "minus it"
+            return f"{what}: unattributed is {how} to {rest:+.1f} us"
         return f"{what}; {rest:+.1f} us beyond {'them' if floors_beyond_us > 0 else 'it'} unexplained"
     if floors_beyond_us > 0 and close:
         return f"{floors}: unattributed is that, less the locality estimate ({loc:.1f} us), to {rest:+.1f} us"
@@ -182,8 +183,8 @@ def ladder_cause(pair: dict, case: dict | None = None) -> str:
     moved = _other_rows_moved(b, g)
     if not moved:
         return f"unexplained: the instrumented runs' ladder is {inst:.1f} us ({100 * agree:+.1f}% from the timeline)"
-    return (f"the graph moved other rows too ({pair['bsp']} minus {pair['graph']}: {moved}): with launch + host_bound they make the instrumented "
-            f"runs' ladder ({inst:.1f} us){costs}")
+    return (f"the graph moved other rows too ({pair['bsp']} minus {pair['graph']}: {moved}): with launch + host_bound "
+            f"they make the instrumented runs' ladder ({inst:.1f} us){costs}")
 
 
 def _other_rows_moved(b: dict | None, g: dict | None, top: int = 3) -> str:
