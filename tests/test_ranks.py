@@ -8,6 +8,7 @@ wait), never read back from the rule that is tested."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -280,6 +281,23 @@ def test_the_held_waits_survive_the_stored_records():
     back = raw_from_columns(raw_to_columns(raw))
     assert [it["waits_held"] for it in back["iterations"]] == [{"fused-gemm": 2.5}] * len(raw["iterations"])
     assert [it["waits"] for it in back["iterations"]] == [{"fused-gemm": 4.0}] * len(raw["iterations"])
+
+
+def test_the_ctas_own_stamps_are_kept_from_the_kernels_start_and_survive_the_stored_records():
+    from taxes.run.cases import cta_stamps
+
+    rng = random.Random(11)
+    t0 = 10**15 + rng.randrange(10**6)  # globaltimer ns: far from zero
+    ctas = [(t0 + rng.randrange(2000), t0 + 50_000 + rng.randrange(30_000), rng.randrange(9000), rng.randrange(500))
+            for _ in range(132)]
+    stamps = cta_stamps(_FusedRunner(ctas))["fused-gemm"]
+    first = min(c[0] for c in ctas)
+    assert [row[:4] for row in stamps] == [[s - first, e - first, dw, pw] for s, e, dw, pw in ctas]
+    assert min(row[0] for row in stamps) == 0
+    raw = raw_record(0, 1000.0, 20.0, 30.0, 50.0)
+    raw["iterations"] = [dict(it, ctas={"fused-gemm": stamps}) for it in raw["iterations"]]
+    back = raw_from_columns(json.loads(json.dumps(raw_to_columns(raw))))
+    assert all(it["ctas"] == {"fused-gemm": stamps} for it in back["iterations"])
 
 
 # ---- the late rank's plumbing ----------------------------------------------------------------------

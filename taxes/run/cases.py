@@ -212,3 +212,21 @@ def fused_trace(runner) -> dict | None:
     if hasattr(runner, "cta_trace") and getattr(runner, "fused", False):
         return {"fused-combine": [(s, e, wt) for s, wt, e in runner.cta_trace()]}
     return None
+
+
+def cta_stamps(runner) -> dict | None:
+    """The last traced call of a fused runner, per CTA, as stored beside its waits so that any rule for the
+    in-kernel wait can be read again later: {phase: [[start, end, data wait, peer wait, tiles, copies done],
+    ...]} in ns, start, end and copies done from the earliest CTA's start (0: a CTA that copied nothing);
+    flash decode's combine keeps [start, end, wait, 0, 0, 0]."""
+    if hasattr(runner, "cta_trace_rows"):
+        rows = runner.cta_trace_rows()
+        name = getattr(runner, "traced_phase", "fused-gemm")
+        t0 = min((r["start_ns"] for r in rows), default=0)
+        return {name: [[r["start_ns"] - t0, r["end_ns"] - t0, r["data_wait_ns"], r["peer_wait_ns"], r["tiles"],
+                        r["copies_done_ns"] - t0 if r["copies_done_ns"] else 0] for r in rows]}
+    if hasattr(runner, "cta_trace") and getattr(runner, "fused", False):
+        rows = runner.cta_trace()
+        t0 = min((s for s, _, _ in rows), default=0)
+        return {"fused-combine": [[s - t0, e - t0, wt, 0, 0, 0] for s, wt, e in rows]}
+    return None

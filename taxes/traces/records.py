@@ -261,7 +261,8 @@ def raw_to_columns(raw: dict) -> dict:
            "shared_origin_us": None if origin is None else round(float(origin) + base, 3), "iterations": [
         {"step": int(it["step"]), "e2e_us": None if it["e2e_us"] != it["e2e_us"] else float(it["e2e_us"]),
          "waits": {k: float(v) for k, v in it["waits"].items()}, "warmup": bool(it["warmup"]),
-         **({"waits_held": {k: float(v) for k, v in it["waits_held"].items()}} if "waits_held" in it else {})}
+         **({"waits_held": {k: float(v) for k, v in it["waits_held"].items()}} if "waits_held" in it else {}),
+         **({"ctas": {k: [[int(x) for x in row] for row in v] for k, v in it["ctas"].items()}} if "ctas" in it else {})}
         for it in raw["iterations"]]}
     for key, cols in _RAW_COLUMNS.items():
         f = frames[key]
@@ -285,7 +286,8 @@ def raw_from_columns(d: dict) -> dict:
     out = {"clock": d.get("clock"), "shared_origin_us": d.get("shared_origin_us"), "iterations": [
         {"step": it["step"], "e2e_us": math.nan if it.get("e2e_us") is None else it["e2e_us"],
          "waits": dict(it.get("waits") or {}), "warmup": bool(it.get("warmup")),
-         **({"waits_held": dict(it["waits_held"])} if "waits_held" in it else {})} for it in d.get("iterations", [])]}
+         **({"waits_held": dict(it["waits_held"])} if "waits_held" in it else {}),
+         **({"ctas": dict(it["ctas"])} if "ctas" in it else {})} for it in d.get("iterations", [])]}
     for key in _RAW_COLUMNS:
         out[key] = pd.DataFrame(d.get(key) or {})
     return out
