@@ -19,7 +19,9 @@ Variants (bsp, bsp-graph and torch-async-tp are PyTorch calls alone: kernels/ag_
 
 Why the fused kernel looks like this. The GEMM is persistent (one CTA per SM) and takes tiles from a
 queue (an atomic counter) in the order the data becomes available: this rank's rows first, then each
-peer's rows in the order the chunks arrive. A CTA about to compute a tile of peer rows waits on the
+peer's rows in the order the chunks arrive (`queue_sources`: rank-1, rank-2, ..., since every producer
+pushes to rank+1 first; pull copiers read in the same order). With the queue in the other order, at 4
+GPUs each rank's first peer tiles waited for the rows its peer sent last. A CTA about to compute a tile of peer rows waits on the
 chunk flags covering them; with the local rows taking 1/p of the work, the first peer chunks have
 arrived by the time anyone asks. Copier CTAs (the lowest program ids, so they are scheduled first)
 move the data with wide loads and stores, then join the queue, so no SM is lost for the whole kernel.
@@ -54,6 +56,16 @@ from taxes.kernels.ag_gemm_kernel import CTA_TRACE_WORDS, ag_gemm_fused_kernel, 
 from taxes.kernels.sync import ERR_WORDS, raise_if_timed_out, wait_budget
 
 VARIANTS = kernel_names("ag-gemm")  # the variants with kernels here (taxes.variants)
+
+
+def queue_sources(rank: int, world: int) -> list[int]:
+    """The source rank of each shard of the tile queue, in order (the kernel's _tile_coords)."""
+    return [(rank - j) % world for j in range(world)]
+
+
+def push_peers(rank: int, world: int) -> list[int]:
+    """The peers a rank's producer sends its rows to, in order (copier CTAs and the copy engine alike)."""
+    return [(rank + d) % world for d in range(1, world)]
 
 
 @dataclass(frozen=True)
@@ -237,8 +249,7 @@ class AgGemmFused:
         pushes = []
         if self.external:
             shard, rows = self.M // p, self.chunk_rows
-            for d in range(1, p):
-                peer = (ctx.rank + d) % p
+            for peer in push_peers(ctx.rank, p):
                 for c in range(self.n_chunks):
                     r0 = ctx.rank * shard + c * rows
                     idx = ctx.rank * self.n_chunks + c
@@ -269,7 +280,8 @@ class AgGemmFused:
         """The last traced call, per output tile: (source rank of its rows, ns its CTA waited for them)."""
         p, rank = self.ctx.world, self.ctx.rank
         per_shard = self.tile_trace.numel() // p
-        return [((rank + t // per_shard) % p, w) for t, w in enumerate(self.tile_trace.tolist())]
+        order = queue_sources(rank, p)
+        return [(order[t // per_shard], w) for t, w in enumerate(self.tile_trace.tolist())]
 
     def check(self, what: str = "fused all-gather + GEMM") -> None:
         """Raise FlagTimeout if any wait of the last calls gave up (synchronises), and re-arm."""

@@ -24,10 +24,11 @@ def _copy_chunk(src, dst, n_elems, BLOCK: tl.constexpr):
 
 @triton.jit
 def _tile_coords(t, rank, num_m_shard, num_n, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
-    """Tile t of the queue -> (row block, column block, source shard). Shards in order rank, rank+1, ...;
-    within a shard, row blocks grouped GROUP_M at a time so W tiles are reused from L2."""
+    """Tile t of the queue -> (row block, column block, source shard). Shards in the order their rows arrive
+    (kernels/ag_gemm.py, queue_sources): rank, rank-1, rank-2, ...; within a shard, row blocks grouped
+    GROUP_M at a time so W tiles are reused from L2."""
     tiles_per_shard = num_m_shard * num_n
-    shard = (rank + t // tiles_per_shard) % WORLD
+    shard = (rank + WORLD - t // tiles_per_shard) % WORLD
     t_in = t % tiles_per_shard
     per_group = GROUP_M * num_n
     first_m = (t_in // per_group) * GROUP_M
@@ -121,7 +122,8 @@ def ag_gemm_fused_kernel(
             for item in range(pid, n_items, COPIERS):
                 d = item // n_chunks + 1
                 c = item % n_chunks
-                peer = (rank + d) % WORLD
+                # push: to rank+1 first (who reads rank's rows right after its own); pull: from rank-1 first
+                peer = (rank + d) % WORLD if PUSH else (rank + WORLD - d) % WORLD
                 if PUSH:
                     # my rows -> peer's a_full, once the peer has finished reading its previous call
                     if waited < d:

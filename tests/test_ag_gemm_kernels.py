@@ -12,10 +12,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anyw
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from rank_jobs import SMALL, ag_gemm_job
 
 from taxes.run.cases import rel_error
 from taxes.kernels import ag_gemm as ag
+from taxes.kernels.ag_gemm_kernel import _tile_coords
 from taxes.kernels.device import interpreting
 from taxes.kernels.rank import RankError
 from taxes.kernels.runtime import launch
@@ -55,6 +58,17 @@ def test_both_dtypes_and_uneven_chunks_at_world_2():
     for dtype in ("bf16", "fp16"):
         errors = launch(ag_gemm_job, 2, "fused-push", cfg, 64, 64, 48, dtype, 7, timeout_s=300)
         assert all(e < 1e-2 for rank_errors in errors for e in rank_errors)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant,producer", [("fused-push", "ctas"), ("fused-pull", "ctas"),
+                                              ("fused-push", "copy-engine")])
+def test_fused_variants_at_world_4(variant, producer):
+    # four ranks: each takes its three peers' shards in the order they arrive (queue_sources), which at
+    # world 2 is the only order there is
+    cfg = ag.replace(SMALL, producer=producer)
+    errors = launch(ag_gemm_job, 4, variant, cfg, 128, 64, 32, "bf16", 5, timeout_s=600)
+    assert all(e < 1e-2 for rank_errors in errors for e in rank_errors), errors
 
 
 def _late_producer(ctx, calls=3):
@@ -145,6 +159,38 @@ def test_shapes_the_fused_kernel_cannot_tile_are_refused():
 
 
 @pytest.mark.slow
+@triton.jit
+def _queue_coords(out_ptr, rank, num_m_shard, num_n, n_tiles, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, column block, source shard) of every tile of the queue, as the fused kernel takes them."""
+    for t in range(n_tiles):
+        pm, pn, shard = _tile_coords(t, rank, num_m_shard, num_n, WORLD, GROUP_M)
+        tl.store(out_ptr + 3 * t, pm)
+        tl.store(out_ptr + 3 * t + 1, pn)
+        tl.store(out_ptr + 3 * t + 2, shard)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_the_tile_queue_takes_each_peers_rows_in_the_order_they_arrive(world):
+    # every producer sends its rows to its peers in push_peers order, so rank r gets its peers' rows in
+    # the order of r's place in their lists; the queue (the kernel's own _tile_coords, run here) must take
+    # the peers' shards in that order, or its first peer tiles wait for the rows sent last
+    num_m_shard, num_n = 3, 2
+    n = world * num_m_shard * num_n
+    for rank in range(world):
+        out = torch.full((3 * n,), -1, dtype=torch.int32)
+        _queue_coords[(1,)](out, rank, num_m_shard, num_n, n, WORLD=world, GROUP_M=2)
+        pm, pn, shard = out.view(n, 3).T.tolist()
+        per = num_m_shard * num_n
+        sources = [shard[j * per] for j in range(world)]
+        assert all(shard[t] == sources[t // per] for t in range(n))  # one shard after another
+        assert sources == ag.queue_sources(rank, world)
+        assert sorted(zip(pm, pn)) == [(m, c) for m in range(world * num_m_shard) for c in range(num_n)]
+        assert all(m // num_m_shard == s for m, s in zip(pm, shard))  # each tile's rows are its shard's
+        assert sources[0] == rank
+        arrival = [ag.push_peers(s, world).index(rank) for s in sources[1:]]
+        assert arrival == sorted(arrival), (rank, sources)
+
+
 def test_persistent_gemm_alone():
     gemm = ag.PersistentGemm(torch.device("cpu"), ag.replace(SMALL, grid=3))
     g = torch.Generator().manual_seed(3)
