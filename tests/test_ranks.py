@@ -440,7 +440,7 @@ def test_compute_idle_inside_a_wait_that_the_host_made_is_host_bound_even_when_t
 
 
 def test_the_known_answers_weigh_a_fused_kernels_held_wait_from_the_same_iterations():
-    from taxes.run.planted_answers import _held_change, attributed
+    from taxes.run.planted_answers import _rule_change, attributed
 
     def measured(rank, crit, held):
         raw = raw_record(rank, 1000.0, 20.0, 30.0, 50.0)
@@ -449,15 +449,39 @@ def test_the_known_answers_weigh_a_fused_kernels_held_wait_from_the_same_iterati
                 "eager_twin": None}
 
     results = [{"base": measured(r, 0.0, 0.0), "late": measured(r, 6.0, 3.0)} for r in (0, 1)]
-    held = _held_change(results, {"base": None, "late": None})
+    held = _rule_change(results, {"base": None, "late": None}, "held")
     crit = {r: attributed([x["late"] for x in results])["by_rank"][r]["rows"]["sync_wait"]
             - attributed([x["base"] for x in results])["by_rank"][r]["rows"]["sync_wait"] for r in (0, 1)}
     assert held == pytest.approx({0: 3.0, 1: 3.0}) and crit == pytest.approx({0: 6.0, 1: 6.0})
+    assert _rule_change(results, {"base": None, "late": None}, "held", stamps_only=True) is None
     for x in results:  # records without the second rule: nothing to weigh
         for m in x.values():
             for it in m["raw"]["iterations"]:
                 it.pop("waits_held")
-    assert _held_change(results, {"base": None, "late": None}) is None
+    assert _rule_change(results, {"base": None, "late": None}, "held") is None
+
+
+def test_every_fused_wait_rule_is_read_again_from_the_ctas_stored_stamps():
+    from taxes.run.planted_answers import _rule_change
+
+    # per CTA [start, end, data wait, peer wait, tiles, copies done] ns. On time nobody waits. Late: CTA a
+    # ends last after waiting 6 us (4 for data, 2 for a peer), b waited 9 us and ended at 53, c waited
+    # nothing and also ended at 53: the last CTA waited 6 us, the kernel would have ended 3 us earlier
+    # without any wait (at c's end), and the longest wait was 9 us
+    on_time = [[0, 50_000, 0, 0, 1, 0], [0, 48_000, 0, 0, 1, 0], [0, 47_000, 0, 0, 1, 0]]
+    late = [[0, 56_000, 4_000, 2_000, 1, 0], [0, 53_000, 9_000, 0, 1, 0], [0, 53_000, 0, 0, 1, 0]]
+
+    def measured(rank, stamps):
+        raw = raw_record(rank, 1000.0, 20.0, 30.0, 50.0)
+        raw["iterations"] = [dict(it, waits={"gemm": 123.0}, ctas={"gemm": stamps}) for it in raw["iterations"]]
+        return {"raw": raw, "plain": [50.0], "comm": ("all-gather",), "locality_bytes": 0.0, "us_per_byte": None,
+                "eager_twin": None}
+
+    results = [{"base": measured(r, on_time), "late": measured(r, late)} for r in (0, 1)]
+    got = {rule: _rule_change(results, {"base": None, "late": None}, rule, stamps_only=True)
+           for rule in ("last", "held", "longest")}
+    assert got == {"last": pytest.approx({0: 6.0, 1: 6.0}), "held": pytest.approx({0: 3.0, 1: 3.0}),
+                   "longest": pytest.approx({0: 9.0, 1: 9.0})}
 
 
 def _run_slowed(work_us: list, t0: float, slow: tuple, factor: float) -> list:

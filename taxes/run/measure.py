@@ -230,32 +230,46 @@ def _instrumented_block(ctx, workload: str, case, variant: str, runner, n: int, 
     res["raw"].setdefault(clock, []).append(raw)
 
 
+def last_cta_wait_ns(rows) -> float:
+    """The wait of the CTA that finished last (rows: per CTA (start, end, wait) ns). The kernel ends when its
+    last CTA does, so that CTA's wait is what waiting added to the kernel; a mean over CTAs dilutes it by
+    every CTA that had nothing left to wait for (at world 4 an ag-gemm of 128 tiles on 132 CTAs leaves a
+    late peer's 32 tiles to a quarter of them: docs/method.md)."""
+    last = max(rows, key=lambda r: (r[1], r[2]))
+    return max(0, last[2])
+
+
+def held_wait_ns(rows) -> float:
+    """How much earlier the kernel would have ended had no CTA waited: its last CTA's end less the latest
+    end any CTA would have had without its own wait. A CTA that waited nothing but ended late holds the
+    kernel as much as the one that waited."""
+    return max(0, max(r[1] for r in rows) - max(r[1] - max(0, r[2]) for r in rows))
+
+
+def longest_wait_ns(rows) -> float:
+    """The longest any CTA waited: from the earliest moment a CTA wanted peer rows to their arrival."""
+    return max(0, max(r[2] for r in rows))
+
+
+FUSED_WAIT_RULES = {"last": last_cta_wait_ns, "held": held_wait_ns, "longest": longest_wait_ns}
+FUSED_WAIT_RULE = "last"  # the rule the rows use (docs/method.md says why)
+
+
+def waits_by_rule(stamps: dict, rule: str) -> dict:
+    """{phase: us} from a call's stored CTA stamps (taxes.run.cases.cta_stamps) by one of FUSED_WAIT_RULES."""
+    f = FUSED_WAIT_RULES[rule]
+    return {name: f([(r[0], r[1], r[2] + r[3]) for r in rows]) / 1e3 for name, rows in stamps.items() if rows}
+
+
 def critical_waits(runner) -> dict:
-    """{phase: us} of a fused runner's last traced call: the time the CTA that finished last spent waiting on
-    peers. The kernel ends when its last CTA does, so that CTA's wait is what waiting added to the kernel;
-    a mean over CTAs dilutes it by every CTA that had nothing left to wait for (at world 4 an ag-gemm of
-    128 tiles on 132 CTAs leaves a late peer's 32 tiles to a quarter of them: docs/method.md)."""
-    tr = fused_trace(runner)
-    out = {}
-    for name, rows in (tr or {}).items():
-        if rows:
-            last = max(rows, key=lambda r: (r[1], r[2]))
-            out[name] = max(0, last[2]) / 1e3
-    return out
+    """{phase: us} of a fused runner's last traced call by the rule in use (FUSED_WAIT_RULE)."""
+    f = FUSED_WAIT_RULES[FUSED_WAIT_RULE]
+    return {name: f(rows) / 1e3 for name, rows in (fused_trace(runner) or {}).items() if rows}
 
 
 def held_waits(runner) -> dict:
-    """{phase: us} of a fused runner's last traced call: how much earlier the kernel would have ended had no
-    CTA waited, its last CTA's end less the latest end any CTA would have had without its wait. A rule to
-    weigh against critical_waits: a CTA that waited nothing but ended late holds the kernel as much as the
-    one that waited (the known answers record both; docs/method.md)."""
-    tr = fused_trace(runner)
-    out = {}
-    for name, rows in (tr or {}).items():
-        if rows:
-            end = max(r[1] for r in rows)
-            out[name] = max(0, end - max(r[1] - max(0, r[2]) for r in rows)) / 1e3
-    return out
+    """{phase: us} of a fused runner's last traced call by held_wait_ns, recorded beside critical_waits."""
+    return {name: held_wait_ns(rows) / 1e3 for name, rows in (fused_trace(runner) or {}).items() if rows}
 
 
 def merge_blocks(blocks: list[dict]) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 
 from taxes.attribution import attribute as att
+from taxes.run.measure import FUSED_WAIT_RULES, waits_by_rule
 from taxes.traces.records import assemble_ranks, phase_order
 
 TOLERANCE = 0.10
@@ -220,7 +221,9 @@ def late_rows(results: list[dict]) -> list[dict]:
             how, x = m1["how"], m1["x_us"]
             twin = _twin(results, key)
             run = attributed([r[key] for r in results], twin)
-            held = _held_change(results, {base_key: base_twin, key: twin})
+            held = _rule_change(results, {base_key: base_twin, key: twin}, "held")
+            by_rule = {rule: _rule_change(results, {base_key: base_twin, key: twin}, rule, stamps_only=True)
+                       for rule in FUSED_WAIT_RULES}
             per = []
             for r in waiting:
                 truth = (run["by_rank"][r]["plain_us"] or 0.0) - (base["by_rank"][r]["plain_us"] or 0.0)
@@ -235,6 +238,8 @@ def late_rows(results: list[dict]) -> list[dict]:
                             - base["by_rank"][r]["rows"]["start_skew"]})
                 if held is not None:  # a fused kernel's wait by the other rule, from the same iterations
                     per[-1]["recovered_held_us"] = held[r]
+                if all(v is not None for v in by_rule.values()):  # every rule, from the CTAs' stored stamps
+                    per[-1]["recovered_by_rule_us"] = {rule: v[r] for rule, v in by_rule.items()}
             planted = statistics.fmean(p["planted_us"] for p in per)
             recovered = statistics.fmean(p["recovered_us"] for p in per)
             seen = statistics.fmean(p["instrumented_planted_us"] for p in per)
@@ -257,16 +262,21 @@ def late_rows(results: list[dict]) -> list[dict]:
     return rows
 
 
-def _held_change(results: list[dict], twins: dict) -> dict | None:
+def _rule_change(results: list[dict], twins: dict, rule: str, stamps_only: bool = False) -> dict | None:
     """{rank: change of sync_wait} from the run without a delay to the run with one (twins: {key: its eager
-    twin's phases}, the run without first) had the fused kernels' waits been taken by
-    taxes.run.measure.held_waits (recorded beside critical_waits as "waits_held"); None where the records
-    hold no such waits."""
+    twin's phases}, the run without first) had the fused kernels' waits been taken by `rule`
+    (taxes.run.measure.FUSED_WAIT_RULES): from each call's stored CTA stamps ("ctas"), or for "held" from
+    the waits recorded by it ("waits_held") in runs that kept no stamps (unless stamps_only); None where
+    the records hold neither."""
     def swapped(m):
         its = m["raw"]["iterations"]
-        if not its or not all("waits_held" in it for it in its):
+        if its and all("ctas" in it for it in its):
+            waits = [waits_by_rule(it["ctas"], rule) for it in its]
+        elif its and rule == "held" and not stamps_only and all("waits_held" in it for it in its):
+            waits = [it["waits_held"] for it in its]
+        else:
             return None
-        return dict(m, raw=dict(m["raw"], iterations=[dict(it, waits=it["waits_held"]) for it in its]))
+        return dict(m, raw=dict(m["raw"], iterations=[dict(it, waits=w) for it, w in zip(its, waits)]))
 
     runs = []
     for k, twin in twins.items():

@@ -15,12 +15,24 @@ def stored_facts(m: dict) -> dict:
     return {k: (list(m[k]) if k == "comm" else m[k]) for k in FACTS if k in m}
 
 
+def _raw(d: dict) -> dict:
+    """One rank's stored raw records; a fused call whose CTAs' stamps were kept has its waits taken again
+    by the rule in use (taxes.run.measure.FUSED_WAIT_RULE)."""
+    from taxes.run.measure import FUSED_WAIT_RULE, waits_by_rule
+    from taxes.traces.records import raw_from_columns
+
+    raw = raw_from_columns(d)
+    for it in raw["iterations"]:
+        if it.get("ctas"):
+            it["waits"] = waits_by_rule(it["ctas"], FUSED_WAIT_RULE)
+    return raw
+
+
 def results_from_records(records: dict, facts: dict | None = None) -> list[dict]:
     """Stored records ({case: [per rank: raw columns with plain_us and facts]}) as known_answers' per-rank
     results, so a run's rows can be redone by today's rules. Late-rank cases stored without facts take them
     from the case's name ("WORKLOAD VARIANT HOW X", rank 1 late); single-rank cases from `facts`
     ({case: {fact: value}}, e.g. what the run's document says of its spins), where the records lack them."""
-    from taxes.traces.records import raw_from_columns
     from taxes.variants import get
 
     world = len(next(iter(records.values())))
@@ -28,7 +40,7 @@ def results_from_records(records: dict, facts: dict | None = None) -> list[dict]
     for key in SINGLE_CASES:
         for r, d in enumerate(records.get(key, [])):
             f = {"comm": (), "locality_bytes": 0.0, "us_per_byte": None} | (facts or {}).get(key, {}) | (d.get("facts") or {})
-            out[r][key] = {"raw": raw_from_columns(d), "plain": list(d.get("plain_us") or []), **f,
+            out[r][key] = {"raw": _raw(d), "plain": list(d.get("plain_us") or []), **f,
                            "comm": tuple(f.get("comm") or ())}
     for key, ranks in records.items():
         parts = key.split(" ")
@@ -42,6 +54,6 @@ def results_from_records(records: dict, facts: dict | None = None) -> list[dict]
                      "comm": () if v.fused else (("all-gather",) if wl == "ag-gemm" else ("reduce-scatter",))}
             facts.update(d.get("facts") or {})
             facts["comm"] = tuple(facts["comm"])
-            out[r][key] = {"raw": raw_from_columns(d), "plain": list(d.get("plain_us") or []),
+            out[r][key] = {"raw": _raw(d), "plain": list(d.get("plain_us") or []),
                            "locality_bytes": 0.0, "us_per_byte": None, **facts}
     return out
