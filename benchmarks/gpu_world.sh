@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu_world.sh calibrate OUT  # `taxes calibrate --quick` to OUT/GPU-xW-calibrated.json
 #   bash benchmarks/gpu_world.sh profiles OUT   # ag-gemm, flash decode, gemm-rs and tp-mlp at world W with rows
 #                                               # (WORKLOADS picks some), each checked by `taxes check`
+#   bash benchmarks/gpu_world.sh sweep OUT      # every variant side by side per shape: ag-gemm over M, gemm-rs and
+#                                               # flash decode at the shapes docs/scaling.md quotes
 #   bash benchmarks/gpu_world.sh ddp OUT        # benchmarks/ddp_known_answers.py at world W (DDP_CASES picks the
 #                                               # delays), to OUT/ddp-GPU-xW.json, the 3 ms cases' traces kept
 #   bash benchmarks/gpu_world.sh "planted profiles" OUT
@@ -94,6 +96,31 @@ if [[ "$stages" == *" profiles "* ]]; then
             flash-decode) prof flash_decode flash-decode 120 --shape B=1,S=32768 ;;
             gemm-rs) prof gemm_rs gemm-rs 150 --shape M=4096,N=4096,K=14336 ;;
             tp-mlp) prof tp_mlp tp-mlp 150 --shape M=4096,H=4096,F=14336 ;;
+        esac
+    done
+fi
+
+if [[ "$stages" == *" sweep "* ]]; then
+    # every variant side by side, interleaved: ag-gemm over M at N=K=8192 and at N=28672, gemm-rs at a 70B
+    # layer's down projection, flash decode at B=1, S=32K per rank (SWEEP picks some of: ag-small ag-large
+    # gemm-rs decode); a group that outruns its time leaves the others
+    sw() {  # NAME WORKLOAD SECONDS SHAPE...
+        local name=$1 wl=$2 secs=$3; shift 3
+        local shapes=(); for sh in "$@"; do shapes+=(--shape "$sh"); done
+        timeout "$secs" taxes profile "$wl" --gpus "$W" --clock cupti --iters ${SITERS:-20} --rounds 2 \
+            "${shapes[@]}" -o "$OUT/$name-$GPU-x$W.json.gz" --force --timeout-s $((secs - 5)) --format md \
+            > "$OUT/$name.md" 2>&1
+        echo "$name: exit $?"; grep -i "error" "$OUT/$name.md" | head -3
+        [ -f "$OUT/$name-$GPU-x$W.json.gz" ] && python3 benchmarks/tables.py "$OUT/$name-$GPU-x$W.json.gz" 2>&1 | tail -8
+    }
+    for what in ${SWEEP:-ag-small ag-large gemm-rs decode}; do
+        case $what in
+            ag-small) sw sweep-ag_gemm-small ag-gemm ${SWEEP_S:-150} M=512,N=8192,K=8192 M=1024,N=8192,K=8192 \
+                          M=2048,N=8192,K=8192 M=4096,N=8192,K=8192 ;;
+            ag-large) sw sweep-ag_gemm-large ag-gemm ${SWEEP_S:-200} M=8192,N=8192,K=8192 M=16384,N=8192,K=8192 \
+                          M=8192,N=28672,K=8192 ;;
+            gemm-rs) sw sweep-gemm_rs gemm-rs ${SWEEP_S:-100} M=8192,N=8192,K=28672 ;;
+            decode) sw sweep-flash_decode flash-decode ${SWEEP_S:-80} B=1,S=32768 ;;
         esac
     done
 fi
