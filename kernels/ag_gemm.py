@@ -93,13 +93,21 @@ class Config:
 TUNED_FILE = Path(__file__).with_name("ag_gemm_tuned.json")
 
 
-def tuned_config(M: int, N: int, K: int, world: int, variant: str) -> Config:
+SMS = 132  # H100 SXM and H200: the SMs a tiling is sized for where no tuned entry is for the exact shape
+SMALL_TILING = dict(block_n=128, num_warps=4, num_stages=4)
+
+
+def tuned_config(M: int, N: int, K: int, world: int, variant: str, sms: int = SMS) -> Config:
     """The configuration for a shape: the tuned table's entry for the same N, K and world with the
     nearest M (benchmarks/tune.py ag-gemm writes the table; docs/ag_gemm.md says how), else the default
     tiling: 128x256x64, 8 warps, 4 pipeline stages when the tiles fit in about one wave (M/p <= 1024) and
-    3 otherwise."""
+    3 otherwise. Taken from another M or from the default, a tiling whose per-rank GEMM (M x N/world) has at
+    most half as many tiles as the GPU has SMs is made 128x128 (4 warps, 4 stages): with half the SMs idle
+    the GEMM alone ran 1.4-1.6 times longer than with twice the tiles (benchmarks/gemm_vs_cublas.py --tune,
+    reports/ag_gemm/gemm_tilings-h200.json.gz: M=512 at 2 and 4 ranks, M=1024 at 4, N=K=8192)."""
     import json
 
+    cfg, exact = None, False
     if TUNED_FILE.exists():
         entries = json.loads(TUNED_FILE.read_text())["entries"]
         rows = [r for r in entries if r["variant"] == variant and r["N"] == N and r["K"] == K and r["world"] == world
@@ -108,8 +116,13 @@ def tuned_config(M: int, N: int, K: int, world: int, variant: str) -> Config:
             rows = [r for r in entries if r["variant"] == variant.removesuffix("-graph") and r["N"] == N
                     and r["K"] == K and r["world"] == world]
         if rows:
-            return nearest_tuned(Config, rows, M)
-    return Config(num_stages=4 if M // world <= 1024 else 3)
+            cfg, exact = nearest_tuned(Config, rows, M), any(r["M"] == M for r in rows)
+    if cfg is None:
+        cfg = Config(num_stages=4 if M // world <= 1024 else 3)
+    tiles = (M // cfg.block_m) * triton.cdiv(N // world, cfg.block_n)
+    if not exact and 2 * tiles <= sms and (N // world) % SMALL_TILING["block_n"] == 0:
+        cfg = replace(cfg, **SMALL_TILING)
+    return cfg
 
 
 def nearest_tuned(config_cls, rows: list[dict], M: int):

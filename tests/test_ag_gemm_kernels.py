@@ -191,6 +191,24 @@ def test_the_tile_queue_takes_each_peers_rows_in_the_order_they_arrive(world):
         assert arrival == sorted(arrival), (rank, sources)
 
 
+def test_a_tiling_taken_from_another_shape_leaves_no_more_than_half_the_sms_idle():
+    import json
+
+    sms = 132
+    table = json.loads(ag.TUNED_FILE.read_text())["entries"]
+    for world in (2, 4, 8):
+        for M in (256, 512, 1024, 2048, 8192):
+            cfg = ag.tuned_config(M, 8192, 8192, world, "fused-push", sms=sms)
+            tiles = (M // cfg.block_m) * -(-8192 // world // cfg.block_n)
+            exact = [r for r in table if (r["variant"], r["M"], r["N"], r["K"], r["world"]) ==
+                     ("fused-push", M, 8192, 8192, world)]
+            if exact:  # tuned at this very shape: the table's own tiling
+                assert (cfg.block_m, cfg.block_n) == (exact[0]["config"]["block_m"], exact[0]["config"]["block_n"])
+            else:  # at most half the SMs idle, unless even 128 x 128 tiles cannot fill them
+                assert 2 * tiles > sms or (cfg.block_m, cfg.block_n) == (128, 128), (world, M, tiles, cfg)
+            assert M % cfg.block_m == 0 and (8192 // world) % cfg.block_n == 0
+
+
 def test_persistent_gemm_alone():
     gemm = ag.PersistentGemm(torch.device("cpu"), ag.replace(SMALL, grid=3))
     g = torch.Generator().manual_seed(3)
