@@ -2,7 +2,11 @@
 correct graph and fused variant's plain E2E and the fastest of them, keyed by workload, GPU kind, world and
 shape (taxes.run.auto).
 
-    python benchmarks/auto_table.py reports/profile/*-h100-x*.json.gz -o kernels/auto_tuned.json
+    python benchmarks/auto_table.py reports/profile/*-h100-x[124].json.gz \
+        reports/profile/flash_decode-h100-x1-B1-S32768.json.gz reports/profile/flash_decode-h100-x1-B1-S131072.json.gz \
+        reports/sweep/sweep-*-h200-x2.json.gz -o kernels/auto_tuned.json
+
+(one document per shape and machine: the repeated runs of a shape stay out of the table)
 """
 
 from __future__ import annotations
