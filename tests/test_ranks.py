@@ -257,7 +257,8 @@ def test_a_fused_kernels_wait_is_the_wait_of_the_cta_that_finished_last():
 
 @pytest.mark.parametrize("seed", range(5))
 def test_the_held_wait_is_how_much_earlier_the_kernel_would_have_ended_had_no_cta_waited(seed):
-    from taxes.run.measure import critical_waits, held_waits
+    from taxes.run.cases import cta_stamps
+    from taxes.run.measure import critical_waits, waits_by_rule
 
     rng = random.Random(seed)
     # each CTA: its own work and its wait for peers' rows (ns); it ends after both. The truth, from the
@@ -270,7 +271,7 @@ def test_the_held_wait_is_how_much_earlier_the_kernel_would_have_ended_had_no_ct
         ends_without.append(int(start + work))
     runner = _FusedRunner(ctas)
     truth_us = (max(c[1] for c in ctas) - max(ends_without)) / 1e3
-    held, critical = held_waits(runner)["fused-gemm"], critical_waits(runner)["fused-gemm"]
+    held, critical = waits_by_rule(cta_stamps(runner), "held")["fused-gemm"], critical_waits(runner)["fused-gemm"]
     assert held == pytest.approx(truth_us, abs=1e-3)
     assert 0.0 <= held <= critical + 1e-9  # never more than the last CTA's own wait
 

@@ -123,13 +123,12 @@ def make_recorder(clock: str, on_gpu: bool, api: str = "warmup"):
 
 
 def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, recorder, graph: bool,
-                      fused: bool, trace_of=None, capture_after_start: bool = False, align=None, held_of=None,
-                      ctas_of=None) -> dict:
+                      fused: bool, trace_of=None, capture_after_start: bool = False, align=None, ctas_of=None) -> dict:
     """Run warmup + iters instrumented iterations; returns this rank's raw records: {"activities",
     "launches", "host", "iterations": [{"step", "e2e_us", "waits": {phase: us}, "warmup"}], "clock"}.
     trace_of(runner) -> {phase: mean in-kernel wait us} of the last call, for fused kernels' traced builds;
-    held_of(runner), the same by another rule, kept beside it as "waits_held"; ctas_of(runner), the last call's
-    CTAs' own stamps (taxes.run.cases.cta_stamps), kept as "ctas" so that the rules can be read again.
+    ctas_of(runner): the last call's CTAs' own stamps (taxes.run.cases.cta_stamps), kept as "ctas" so that any
+    rule for the in-kernel wait can be read again (older records kept one other rule's waits as "waits_held").
     align: as in taxes.run.harness.time_iterations (launched before the step begins: its work is no step's)."""
     import torch
 
@@ -219,8 +218,6 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
                 e2e = math.nan  # the host clock's window: set from the step's span in taxes.traces.records.assemble
             waits = trace_of(runner) if (fused and trace_of) else {}
             iterations.append({"step": i, "e2e_us": e2e, "waits": waits or {}, "warmup": i < warmup})
-            if fused and held_of:
-                iterations[-1]["waits_held"] = held_of(runner) or {}
             if fused and ctas_of:
                 iterations[-1]["ctas"] = ctas_of(runner) or {}
     finally:

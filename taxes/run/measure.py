@@ -267,11 +267,6 @@ def critical_waits(runner) -> dict:
     return {name: f(rows) / 1e3 for name, rows in (fused_trace(runner) or {}).items() if rows}
 
 
-def held_waits(runner) -> dict:
-    """{phase: us} of a fused runner's last traced call by held_wait_ns, recorded beside critical_waits."""
-    return {name: held_wait_ns(rows) / 1e3 for name, rows in (fused_trace(runner) or {}).items() if rows}
-
-
 def merge_blocks(blocks: list[dict]) -> dict:
     """Several instrumented blocks of one variant (rounds) -> one raw record with steps numbered on. Each
     recorder counts from its own origin: a block is moved to where it lies on the host's shared clock

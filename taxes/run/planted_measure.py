@@ -41,11 +41,10 @@ def measure(ctx, runner, iters: int, warmup: int, clock: str, graph: bool = Fals
     on_gpu = ctx.device.type == "cuda"
     if plain_runner is None:
         plain_runner = Replayed(runner, inputs) if graph and on_gpu else runner
-    trace_of = held_of = ctas_of = None
+    trace_of = ctas_of = None
     if fused:
         from taxes.run.cases import cta_stamps as ctas_of
         from taxes.run.measure import critical_waits as trace_of
-        from taxes.run.measure import held_waits as held_of
     out = {}
 
     def plain():
@@ -53,8 +52,7 @@ def measure(ctx, runner, iters: int, warmup: int, clock: str, graph: bool = Fals
 
     def instrumented():
         out["raw"] = record_iterations(ctx, runner, inputs, iters, warmup, make_recorder(clock, on_gpu, api="all"),
-                                       graph=graph, fused=fused, trace_of=trace_of, align=align, held_of=held_of,
-                                       ctas_of=ctas_of)
+                                       graph=graph, fused=fused, trace_of=trace_of, align=align, ctas_of=ctas_of)
 
     for block in ((instrumented, plain) if instrumented_first else (plain, instrumented)):
         block()
