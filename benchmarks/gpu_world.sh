@@ -103,13 +103,14 @@ fi
 if [[ "$stages" == *" sweep "* ]]; then
     # every variant side by side, interleaved: ag-gemm over M at N=K=8192 and at N=28672, gemm-rs at a 70B
     # layer's down projection, flash decode at B=1, S=32K per rank (SWEEP picks some of: ag-small ag-large
-    # gemm-rs decode); a group that outruns its time leaves the others
+    # gemm-rs decode); a group that outruns its time leaves the others; SWEEP_START: how each iteration starts
+    # (barrier: isolated, the default; ahead: the host queues the iteration first, as a model's layer runs)
     sw() {  # NAME WORKLOAD SECONDS SHAPE...
-        local name=$1 wl=$2 secs=$3; shift 3
+        local name=$1${SWEEP_START:+-$SWEEP_START} wl=$2 secs=$3; shift 3
         local shapes=(); for sh in "$@"; do shapes+=(--shape "$sh"); done
         timeout "$secs" taxes profile "$wl" --gpus "$W" --clock cupti --iters ${SITERS:-20} --rounds 2 \
-            "${shapes[@]}" -o "$OUT/$name-$GPU-x$W.json.gz" --force --timeout-s $((secs - 5)) --format md \
-            > "$OUT/$name.md" 2>&1
+            --start ${SWEEP_START:-barrier} "${shapes[@]}" -o "$OUT/$name-$GPU-x$W.json.gz" --force \
+            --timeout-s $((secs - 5)) --format md > "$OUT/$name.md" 2>&1
         echo "$name: exit $?"; grep -i "error" "$OUT/$name.md" | head -3
         [ -f "$OUT/$name-$GPU-x$W.json.gz" ] && python3 benchmarks/tables.py "$OUT/$name-$GPU-x$W.json.gz" 2>&1 | tail -8
     }
