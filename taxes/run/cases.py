@@ -204,14 +204,10 @@ def checked_error(case: Case, runner) -> float:
 
 
 def fused_trace(runner) -> dict | None:
-    """The last traced call of a fused runner -> {phase name: per-CTA (start ns, end ns, wait ns)}."""
-    if hasattr(runner, "cta_trace_rows"):  # ag-gemm: data chunks and peer ready/free both count as waiting
-        rows = runner.cta_trace_rows()
-        name = getattr(runner, "traced_phase", "fused-gemm")  # tp-mlp: the fused-ag-gemm phase of three
-        return {name: [(r["start_ns"], r["end_ns"], r["data_wait_ns"] + r["peer_wait_ns"]) for r in rows]}
-    if hasattr(runner, "cta_trace") and getattr(runner, "fused", False):
-        return {"fused-combine": [(s, e, wt) for s, wt, e in runner.cta_trace()]}
-    return None
+    """The last traced call of a fused runner -> {phase name: per-CTA (start ns, end ns, wait ns)}, from the
+    earliest CTA's start; the wait is for data and for peers alike (ag-gemm: chunks and peers ready/free)."""
+    stamps = cta_stamps(runner)
+    return None if stamps is None else {name: [(r[0], r[1], r[2] + r[3]) for r in rows] for name, rows in stamps.items()}
 
 
 def cta_stamps(runner) -> dict | None:
