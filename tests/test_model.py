@@ -494,3 +494,34 @@ def test_readings_that_are_not_numbers_fall_back_to_the_profiles_fields():
         w = make_workload(name, {}, 2)
         for v in model_variants(name):
             assert predict(w, v, broken).e2e_us == pytest.approx(predict(w, v, base).e2e_us, rel=1e-12), (name, v)
+
+
+@pytest.mark.parametrize("hw_name", ["h100-sxm", "h200-sxm"])
+@pytest.mark.parametrize("M,world", [(512, 2), (512, 4), (1024, 4)])
+def test_a_fused_gemm_of_fewer_tiles_than_sms_takes_at_least_one_tiles_time(hw_name, M, world):
+    # a persistent GEMM whose output tiles do not fill the GPU cannot finish before one SM has done one whole
+    # tile at its share of the GPU's peak: 64 tiles of 128 x 256 on 132 SMs leave half of them idle
+    hw = BUILTIN[hw_name]
+    w = make_workload("ag-gemm", {"M": M, "N": 8192, "K": 8192}, world, "bf16")
+    n_local = 8192 // world
+    tiles = (M // 128) * (n_local // 256)
+    assert tiles < hw.sm_count
+    one_tile_us = 2.0 * 128 * 256 * 8192 / (hw.peak_flops("bf16") / hw.sm_count) * 1e6
+    for variant in ("fused-push", "fused-pull"):
+        pred = predict(w, variant, hw, ModelOptions(tile_m=128, tile_n=256))
+        kernel = pred.e2e_us - pred.components["start_skew"]
+        assert kernel >= one_tile_us, (variant, kernel, one_tile_us)
+        # twice the tiles (128 x 128): no longer bound by one wave of half the SMs, and predicted quicker
+        halved = predict(w, variant, hw, ModelOptions(tile_m=128, tile_n=128))
+        assert halved.e2e_us < pred.e2e_us
+
+
+def test_the_schedule_a_document_recorded_is_the_one_predicted():
+    from taxes.model.steps import options_from_config
+
+    opt = options_from_config({"block_m": 64, "block_n": 128, "copiers": 32, "producer": "ctas", "static": False})
+    assert (opt.tile_m, opt.tile_n, opt.copier_ctas) == (64, 128, 32)
+    # fused-auto keeps the picked variant's configuration inside its own
+    auto = options_from_config({"picked": "fused-push-graph", "config": {"block_n": 128, "copiers": 0}})
+    assert (auto.tile_n, auto.copier_ctas) == (128, 0)
+    assert options_from_config(None) == ModelOptions()

@@ -179,6 +179,8 @@ def test_the_h100_tables_exist_for_one_two_and_four_gpus():
 def test_a_committed_table_is_its_documents_measured_against_todays_model(path):
     """Every row's measured E2E is the committed document's, and its predicted E2E is what the model says
     today with the table's profile: a table that falls behind the model fails here."""
+    from taxes.model.steps import options_from_config
+
     table = json.loads(path.read_text())
     hw = get_profile(table["hardware"])
     measured = {}
@@ -190,6 +192,7 @@ def test_a_committed_table_is_its_documents_measured_against_todays_model(path):
         case, v = measured.pop((r["document"], r["workload"], r["shape"], r["variant"]))
         assert r["measured_e2e_us"] == v["plain_e2e_us"]
         w = make_workload(case["workload"], case["shape"], case["world"], case["dtype"])
-        assert r["predicted_e2e_us"] == pytest.approx(predict(w, r["model_variant"], hw).e2e_us, rel=1e-9), r
+        opt = options_from_config(v.get("config"))  # the schedule the variant ran
+        assert r["predicted_e2e_us"] == pytest.approx(predict(w, r["model_variant"], hw, opt).e2e_us, rel=1e-9), r
     assert all(not v.get("prediction") for _, v in measured.values())  # every predicted variant has its row
     assert table["per_world"] and all(h["known"] for h in table["held_out"])

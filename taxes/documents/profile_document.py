@@ -267,11 +267,12 @@ def _overall(entry: dict) -> dict:
 
 def _predict_into(entry: dict, w, hw: HardwareProfile) -> None:
     from taxes.model.predict import predict
+    from taxes.model.steps import options_from_config
 
     runs = (entry.get("config") or {}).get("picked") if entry["variant"] == "fused-auto" else None
     v = lookup(runs or entry["variant"])  # fused-auto is predicted as the variant it runs
     if v is not None and v.model:
-        pred = predict(w, v.model, hw)
+        pred = predict(w, v.model, hw, options_from_config(entry.get("config")))
         entry["prediction"] = {"variant": v.model, "hardware": hw.name, "e2e_us": pred.e2e_us,
                                "components": pred.components, "label": "predicted"}
     fl = floor_of(w, hw)

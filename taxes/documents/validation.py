@@ -24,6 +24,7 @@ from pathlib import Path
 from taxes.errors import TaxesError
 from taxes.method import TAXES
 from taxes.model.predict import predict
+from taxes.model.steps import options_from_config
 from taxes.variants import lookup
 from taxes.workloads import DEFAULT_SHAPES, WORKLOADS, make_workload, parse_int
 
@@ -135,7 +136,7 @@ def calibration_spread(docs: list[dict], profiles: list) -> dict:
                     med = v.get("plain_e2e_us") or _interquartile_mean(v)
                     if kind is None or not kind.model or not med:
                         continue
-                    err = _pct(predict(w, kind.model, hw).e2e_us, med)
+                    err = _pct(predict(w, kind.model, hw, options_from_config(v.get("config"))).e2e_us, med)
                     key = (case["workload"], shape_text(case["shape"]), case["world"], v["variant"])
                     by_row.setdefault(key, []).append(err)
                     errors.append(err)

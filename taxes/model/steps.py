@@ -21,6 +21,27 @@ class ModelOptions:
     chunks_per_peer: int = 8  # flags (pipeline chunks) per peer's shard in fused kernels
     push_producer_sms: int = 0  # SMs a push variant gives to producer CTAs (0: copy engine produces)
     copier_ctas: int = 16  # CTAs that move peers' rows in the fused GEMMs (the kernels' default configuration)
+    tile_m: int = 128  # the fused ag-gemm's output tile (its configuration's block_m x block_n)
+    tile_n: int = 256
+
+
+def options_from_config(config: dict | None) -> ModelOptions:
+    """The schedule a measured variant ran (its configuration as a document keeps it; fused-auto's nests the
+    picked variant's) as ModelOptions; what it does not say stays the default."""
+    cfg = dict(config or {})
+    if "picked" in cfg:
+        cfg = dict(cfg.get("config") or {})
+    known = {"copiers": "copier_ctas", "block_m": "tile_m", "block_n": "tile_n"}
+    return ModelOptions(**{field: int(cfg[key]) for key, field in known.items()
+                           if isinstance(cfg.get(key), (int, float)) and not isinstance(cfg.get(key), bool)})
+
+
+def wave_factor(tiles: int, sms: int) -> float:
+    """How much longer a persistent GEMM of `tiles` equal output tiles takes on `sms` SMs than its work at
+    the full GPU's rate: the last wave runs as long as a full one (64 tiles on 132 SMs: 2.06; 1024: 1.03)."""
+    if tiles <= 0 or sms <= 0:
+        return 1.0
+    return math.ceil(tiles / sms) * sms / tiles
 
 
 @dataclass
@@ -133,7 +154,12 @@ def _ag_gemm_steps(w: AgGemm, variant: str, hw: HardwareProfile, fl: Floor, opt:
     p = w.world
     push = v.producer == "push"
     sm_share = hw.sm_count / (hw.sm_count - opt.push_producer_sms) if push else 1.0
-    compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share
+    # a wave of tiles that does not fill the GPU takes as long as one that does (the GEMM alone at 64 tiles of
+    # 128 x 256 on 132 SMs took 1.7-1.8 times cuBLAS: reports/ag_gemm/gemm_vs_cublas-h200.json)
+    # (relative to the calibration's own GEMM, 8192^3 in 128 x 256 tiles, whose last wave is in its efficiency)
+    tiles = (w.M // opt.tile_m) * math.ceil(w.N // p / opt.tile_n)
+    waves = wave_factor(tiles, hw.sm_count) / wave_factor((8192 // 128) * (8192 // 256), hw.sm_count)
+    compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share * max(1.0, waves)
     n = (p - 1) * opt.chunks_per_peer
     rate = copier_rate_bytes_per_us(hw, p, opt.copier_ctas, push) if p > 1 else math.inf
     signal = hw.link_latency_us + (hw.flag_round_trip_us / 2 if push else 0.0)
