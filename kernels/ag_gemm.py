@@ -48,6 +48,7 @@ import torch
 import triton
 
 from taxes.variants import kernel_names
+from taxes.workloads import fused_tile_n
 from taxes.kernels.ag_gemm_torch import AgGemmBsp, AgGemmTorchAsyncTP
 from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
 from taxes.kernels.device import interpreting, replay_graph, sm_count_of
@@ -102,9 +103,8 @@ def tuned_config(M: int, N: int, K: int, world: int, variant: str, sms: int = SM
     nearest M (benchmarks/tune.py ag-gemm writes the table; docs/ag_gemm.md says how), else the default
     tiling: 128x256x64, 8 warps, 4 pipeline stages when the tiles fit in about one wave (M/p <= 1024) and
     3 otherwise. Taken from another M or from the default, a tiling whose per-rank GEMM (M x N/world) has at
-    most half as many tiles as the GPU has SMs is made 128x128 (4 warps, 4 stages): with half the SMs idle
-    the GEMM alone ran 1.4-1.6 times longer than with twice the tiles (benchmarks/gemm_vs_cublas.py --tune,
-    reports/ag_gemm/gemm_tilings-h200.json.gz: M=512 at 2 and 4 ranks, M=1024 at 4, N=K=8192)."""
+    most half as many tiles as the GPU has SMs is made 128x128, 4 warps, 4 stages (taxes.workloads.fused_tile_n;
+    reports/ag_gemm/gemm_tilings-h200.json.gz)."""
     import json
 
     cfg, exact = None, False
@@ -119,8 +119,7 @@ def tuned_config(M: int, N: int, K: int, world: int, variant: str, sms: int = SM
             cfg, exact = nearest_tuned(Config, rows, M), any(r["M"] == M for r in rows)
     if cfg is None:
         cfg = Config(num_stages=4 if M // world <= 1024 else 3)
-    tiles = (M // cfg.block_m) * triton.cdiv(N // world, cfg.block_n)
-    if not exact and 2 * tiles <= sms and (N // world) % SMALL_TILING["block_n"] == 0:
+    if not exact and fused_tile_n(M, N // world, sms, cfg.block_m, cfg.block_n, SMALL_TILING["block_n"]) != cfg.block_n:
         cfg = replace(cfg, **SMALL_TILING)
     return cfg
 

@@ -23,6 +23,16 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2}
 # Partial outputs and log-sum-exps of flash decode are kept in float32 for a safe combine.
 PARTIAL_BYTES = 4
 
+def fused_tile_n(M: int, n_local: int, sms: int, block_m: int = 128, block_n: int = 256, narrow: int = 128) -> int:
+    """The output tile's width the fused ag-gemm takes where no tuned entry is for its exact shape: block_n,
+    unless the per-rank GEMM (M x n_local) then has at most half as many tiles as the GPU has SMs, where
+    `narrow` tiles (twice as many) keep more SMs busy (benchmarks/gemm_vs_cublas.py --tune: 1.4-1.6x quicker
+    alone at M=512, and M=1024 over 4 ranks, N=K=8192 on an H200). Used by the kernel's configuration and the
+    model alike."""
+    tiles = (M // block_m) * -(-n_local // block_n)
+    return narrow if 2 * tiles <= sms and n_local % narrow == 0 and block_n > narrow else block_n
+
+
 def _bulk(workload: str, variant: str) -> bool:
     """The model variant runs separate kernels and collectives (bsp or its graph), not fused kernels."""
     return modelled(workload, variant).bulk_synchronous

@@ -11,7 +11,7 @@ from taxes.model.figures import collective_us, copier_rate_bytes_per_us
 from taxes.model.floor import Floor, floor_of
 from taxes.model.hardware import HardwareProfile
 from taxes.variants import modelled
-from taxes.workloads import AgGemm, FlashDecode, GemmRs, TpMlp, Workload
+from taxes.workloads import AgGemm, FlashDecode, GemmRs, TpMlp, Workload, fused_tile_n
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class ModelOptions:
     push_producer_sms: int = 0  # SMs a push variant gives to producer CTAs (0: copy engine produces)
     copier_ctas: int = 16  # CTAs that move peers' rows in the fused GEMMs (the kernels' default configuration)
     tile_m: int = 128  # the fused ag-gemm's output tile (its configuration's block_m x block_n)
-    tile_n: int = 256
+    tile_n: int | None = None  # None: the kernel's own choice for the shape (taxes.workloads.fused_tile_n)
 
 
 def options_from_config(config: dict | None) -> ModelOptions:
@@ -157,7 +157,8 @@ def _ag_gemm_steps(w: AgGemm, variant: str, hw: HardwareProfile, fl: Floor, opt:
     # a wave of tiles that does not fill the GPU takes as long as one that does (the GEMM alone at 64 tiles of
     # 128 x 256 on 132 SMs took 1.7-1.8 times cuBLAS: reports/ag_gemm/gemm_vs_cublas-h200.json)
     # (relative to the calibration's own GEMM, 8192^3 in 128 x 256 tiles, whose last wave is in its efficiency)
-    tiles = (w.M // opt.tile_m) * math.ceil(w.N // p / opt.tile_n)
+    tile_n = opt.tile_n or fused_tile_n(w.M, w.N // p, hw.sm_count, opt.tile_m)
+    tiles = (w.M // opt.tile_m) * math.ceil(w.N // p / tile_n)
     waves = wave_factor(tiles, hw.sm_count) / wave_factor((8192 // 128) * (8192 // 256), hw.sm_count)
     compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share * max(1.0, waves)
     n = (p - 1) * opt.chunks_per_peer
