@@ -23,6 +23,7 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2}
 # Partial outputs and log-sum-exps of flash decode are kept in float32 for a safe combine.
 PARTIAL_BYTES = 4
 
+
 def fused_tile_n(M: int, n_local: int, sms: int, block_m: int = 128, block_n: int = 256, narrow: int = 128) -> int:
     """The output tile's width the fused ag-gemm takes where no tuned entry is for its exact shape: block_n,
     unless the per-rank GEMM (M x n_local) then has at most half as many tiles as the GPU has SMs, where

@@ -155,8 +155,8 @@ def _ag_gemm_steps(w: AgGemm, variant: str, hw: HardwareProfile, fl: Floor, opt:
     push = v.producer == "push"
     sm_share = hw.sm_count / (hw.sm_count - opt.push_producer_sms) if push else 1.0
     # a wave of tiles that does not fill the GPU takes as long as one that does (the GEMM alone at 64 tiles of
-    # 128 x 256 on 132 SMs took 1.7-1.8 times cuBLAS: reports/ag_gemm/gemm_vs_cublas-h200.json)
-    # (relative to the calibration's own GEMM, 8192^3 in 128 x 256 tiles, whose last wave is in its efficiency)
+    # 128 x 256 on 132 SMs took 1.7-1.8 times cuBLAS: reports/ag_gemm/gemm_vs_cublas-h200.json), counted
+    # relative to the calibration's own GEMM (8192^3 in 128 x 256 tiles), whose last wave is in its efficiency
     tile_n = opt.tile_n or fused_tile_n(w.M, w.N // p, hw.sm_count, opt.tile_m)
     tiles = (w.M // opt.tile_m) * math.ceil(w.N // p / tile_n)
     waves = wave_factor(tiles, hw.sm_count) / wave_factor((8192 // 128) * (8192 // 256), hw.sm_count)
