@@ -38,6 +38,14 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
                      heap_bytes=planted_heap_bytes(world, emulate))
     if not results or results[0] is None:
         return [], ""
+    # the rows are made from the records as they are stored (times to the nanosecond): a rule's decision on
+    # two times a nanosecond apart then comes out the same when the rows are redone from the records
+    from taxes.traces.records import raw_from_columns, raw_to_columns
+
+    for r in results:
+        for m in r.values():
+            if isinstance(m, dict) and "raw" in m:
+                m["raw"] = raw_from_columns(raw_to_columns(m["raw"]))
     rows = known_answers(results)
     gpu = "emulated" if emulate else gpu_kind(gpu_name())
     path = output or os.path.join(DEFAULT_DIR, f"{gpu}-x{world}.json")
@@ -47,8 +55,6 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
     write_atomic(path, json.dumps({"metadata": meta, "rows": rows}, indent=1) + "\n")
     if records:  # every case's raw records, to look into a row later
         import gzip
-
-        from taxes.traces.records import raw_to_columns
 
         from taxes.run.planted_records import stored_facts
 
