@@ -221,9 +221,11 @@ def late_rows(results: list[dict]) -> list[dict]:
             how, x = m1["how"], m1["x_us"]
             twin = _twin(results, key)
             run = attributed([r[key] for r in results], twin)
-            held = _rule_change(results, {base_key: base_twin, key: twin}, "held")
             by_rule = {rule: _rule_change(results, {base_key: base_twin, key: twin}, rule, stamps_only=True)
                        for rule in FUSED_WAIT_RULES}
+            # the held rule from the stamps where they were kept, else as older runs recorded it
+            held = by_rule["held"] if by_rule["held"] is not None else \
+                _rule_change(results, {base_key: base_twin, key: twin}, "held")
             per = []
             for r in waiting:
                 truth = (run["by_rank"][r]["plain_us"] or 0.0) - (base["by_rank"][r]["plain_us"] or 0.0)
