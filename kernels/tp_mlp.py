@@ -207,7 +207,7 @@ class TpMlpFused:
     """all-fused-eager (and all-fused): the fused ag-gemm into Y1, the SwiGLU kernel into Z, the fused
     gemm-rs into out; graph=True captures the three launches in one CUDA graph per input set."""
 
-    traced_phase = "fused-ag-gemm"  # the phase whose traced build records per-CTA waits (taxes.run.cases.fused_trace)
+    traced_phase = "fused-ag-gemm"  # the phase whose traced build records per-CTA waits (taxes.run.cases.cta_stamps)
 
     def __init__(self, ctx: RankContext, M: int, H: int, F: int, dtype: torch.dtype, graph: bool = False,
                  ag_config: ag.Config | None = None, rs_config: rs.Config | None = None,

@@ -79,7 +79,7 @@ def _job(ctx, variants, dtype_names, seed, calls=3, gpu_like_bf16=True, mutate=F
     """Per dtype and variant: `calls` calls on fresh inputs, each output poisoned first; the relative
     errors against the float32 layer. The second call of a fused variant runs its traced build through
     phases(); mutate: also all-bsp with W1's gate and up halves swapped."""
-    from taxes.run.cases import fused_trace
+    from taxes.run.cases import cta_stamps
 
     if gpu_like_bf16:
         round_bf16_like_a_gpu()
@@ -112,7 +112,7 @@ def _job(ctx, variants, dtype_names, seed, calls=3, gpu_like_bf16=True, mutate=F
                         names.append((name, role))
                         step()
                     assert names == [("fused-ag-gemm", "compute"), ("swiglu", "compute"), ("fused-gemm-rs", "compute")]
-                    trace = fused_trace(run)
+                    trace = cta_stamps(run)
                     assert list(trace) == ["fused-ag-gemm"]
                     tiles = sum(row["tiles"] for row in run.cta_trace_rows())
                     sources = [src for src, _ in run.tile_waits()]

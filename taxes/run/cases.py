@@ -203,13 +203,6 @@ def checked_error(case: Case, runner) -> float:
     return rel_error(got, case.reference)
 
 
-def fused_trace(runner) -> dict | None:
-    """The last traced call of a fused runner -> {phase name: per-CTA (start ns, end ns, wait ns)}, from the
-    earliest CTA's start; the wait is for data and for peers alike (ag-gemm: chunks and peers ready/free)."""
-    stamps = cta_stamps(runner)
-    return None if stamps is None else {name: [(r[0], r[1], r[2] + r[3]) for r in rows] for name, rows in stamps.items()}
-
-
 def cta_stamps(runner) -> dict | None:
     """The last traced call of a fused runner, per CTA, as stored beside its waits so that any rule for the
     in-kernel wait can be read again later: {phase: [[start, end, data wait, peer wait, tiles, copies done],

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from taxes.run.cases import TOLERANCE, fused_trace, make_case, rel_error
+from taxes.run.cases import TOLERANCE, cta_stamps, make_case, rel_error
 from taxes.run.harness import agree, gpu_metadata, time_iterations, warm_clocks
 from taxes.run.instrument import make_recorder, record_iterations
 from taxes.traces.records import assemble_ranks, shifted
@@ -263,8 +263,7 @@ def waits_by_rule(stamps: dict, rule: str) -> dict:
 
 def critical_waits(runner) -> dict:
     """{phase: us} of a fused runner's last traced call by the rule in use (FUSED_WAIT_RULE)."""
-    f = FUSED_WAIT_RULES[FUSED_WAIT_RULE]
-    return {name: f(rows) / 1e3 for name, rows in (fused_trace(runner) or {}).items() if rows}
+    return waits_by_rule(cta_stamps(runner) or {}, FUSED_WAIT_RULE)
 
 
 def merge_blocks(blocks: list[dict]) -> dict:
