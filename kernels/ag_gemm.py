@@ -21,8 +21,8 @@ Why the fused kernel looks like this. The GEMM is persistent (one CTA per SM) an
 queue (an atomic counter) in the order the data becomes available: this rank's rows first, then each
 peer's rows in the order the chunks arrive (`queue_sources`: rank-1, rank-2, ..., since every producer
 pushes to rank+1 first; pull copiers read in the same order). With the queue in the other order, at 4
-GPUs each rank's first peer tiles waited for the rows its peer sent last. A CTA about to compute a tile of peer rows waits on the
-chunk flags covering them; with the local rows taking 1/p of the work, the first peer chunks have
+GPUs each rank's first peer tiles waited for the rows its peer sent last. A CTA about to compute a tile
+of peer rows waits on the chunk flags covering them; with the local rows taking 1/p of the work, the first peer chunks have
 arrived by the time anyone asks. Copier CTAs (the lowest program ids, so they are scheduled first)
 move the data with wide loads and stores, then join the queue, so no SM is lost for the whole kernel.
 Tiles are loaded and stored through TMA descriptors and multiplied with tl.dot (wgmma on Hopper),

@@ -42,10 +42,11 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
     # two times a nanosecond apart then comes out the same when the rows are redone from the records
     from taxes.traces.records import raw_from_columns, raw_to_columns
 
-    for r in results:
-        for m in r.values():
-            if isinstance(m, dict) and "raw" in m:
-                m["raw"] = raw_from_columns(raw_to_columns(m["raw"]))
+    stored = [{k: raw_to_columns(m["raw"]) for k, m in r.items() if isinstance(m, dict) and "raw" in m}
+              for r in results]
+    for r, cols in zip(results, stored):
+        for k, c in cols.items():
+            r[k]["raw"] = raw_from_columns(c)
     rows = known_answers(results)
     gpu = "emulated" if emulate else gpu_kind(gpu_name())
     path = output or os.path.join(DEFAULT_DIR, f"{gpu}-x{world}.json")
@@ -58,9 +59,9 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
 
         from taxes.run.planted_records import stored_facts
 
-        recs = {k: [raw_to_columns(r[k]["raw"]) | {"plain_us": list(r[k]["plain"]), "facts": stored_facts(r[k])}
-                    for r in results]
-                for k in results[0] if isinstance(results[0][k], dict) and "raw" in results[0][k]}
+        recs = {k: [cols[k] | {"plain_us": list(r[k]["plain"]), "facts": stored_facts(r[k])}
+                    for r, cols in zip(results, stored)]
+                for k in stored[0]}
         write_atomic(records, gzip.compress(json.dumps(recs).encode(), mtime=0))
     return rows, path
 
