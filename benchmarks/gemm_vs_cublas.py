@@ -26,20 +26,13 @@ CANDIDATES = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4), 
               (128, 128, 128, 8, 3), (64, 128, 64, 4, 4), (64, 256, 64, 8, 4), (128, 64, 64, 4, 4)]
 
 
-def rel_error(got, ref) -> float:
-    import torch
-
-    if not torch.isfinite(got).all():
-        return float("inf")
-    return float((got.float() - ref).norm() / ref.norm())
-
-
 def main() -> int:
     import torch
     import triton.testing
 
     from taxes.documents.provenance import collect
     from taxes.kernels import ag_gemm as ag
+    from taxes.run.cases import rel_error
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--output", required=True)
