@@ -11,13 +11,15 @@
 #                                               # (WORKLOADS picks some), each checked by `taxes check`
 #   bash benchmarks/gpu_world.sh sweep OUT      # every variant side by side per shape: ag-gemm over M, gemm-rs and
 #                                               # flash decode at the shapes docs/scaling.md quotes
+#   bash benchmarks/gpu_world.sh skew OUT       # how far apart the ranks leave dist.barrier and the start gate
+#                                               # (benchmarks/start_skew.py), to OUT/start_skew-GPU-xW.json
 #   bash benchmarks/gpu_world.sh ddp OUT        # benchmarks/ddp_known_answers.py at world W (DDP_CASES picks the
 #                                               # delays), to OUT/ddp-GPU-xW.json, the 3 ms cases' traces kept
 #   bash benchmarks/gpu_world.sh "planted profiles" OUT
 #
 # Installs the carried wheels (.wheels) to /tmp/site and the project offline; NVLink multicast stays off.
 set -u
-stages=" ${1:?stage: smoke, planted, calibrate, profiles or ddp (several: quoted, space-separated)} "
+stages=" ${1:?stage: smoke, skew, planted, calibrate, profiles, sweep or ddp (several: quoted, space-separated)} "
 OUT=${2:-${OUT:-gpu-out}}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -57,6 +59,10 @@ PY
     timeout 200 python3 /tmp/late_smoke.py 2>&1 | tail -25
     [ -n "${SMOKE_PLANTED:-}" ] && timeout 150 taxes validate --planted --gpus 1 --iters 20 --clock cupti \
         -o "$OUT/$GPU-x1-smoke.json" 2>&1 | tail -9
+fi
+
+if [[ "$stages" == *" skew "* ]]; then
+    timeout 120 python3 benchmarks/start_skew.py --gpus "$W" --reps ${SKEW_REPS:-300} --out "$OUT/start_skew-$GPU-x$W.json" 2>&1 | tail -3
 fi
 
 if [[ "$stages" == *" planted "* ]]; then

@@ -31,7 +31,7 @@ import traceback
 import torch
 
 from taxes.kernels.device import interpreting
-from taxes.kernels.rank import RankContext, RankError, SymmetricHeap
+from taxes.kernels.rank import RankContext, RankError, StartGate, SymmetricHeap
 
 # Multicast objects can take a shared host's GPUs down: keep them off in every process we start.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -135,7 +135,42 @@ def _cuda_context(rank, world, local_rank, heap_bytes, timeout_s, init_method) -
     arena = symm_mem.empty(heap_bytes, dtype=torch.uint8, device=dev)
     handle = symm_mem.rendezvous(arena, group=dist.group.WORLD.group_name)
     arenas = [arena if r == rank else handle.get_buffer(r, (heap_bytes,), torch.uint8, 0) for r in range(world)]
-    return RankContext(rank, world, "cuda", SymmetricHeap(rank, world, arenas, keepalive=handle), dev)
+    return RankContext(rank, world, "cuda", SymmetricHeap(rank, world, arenas, keepalive=handle), dev,
+                       _gate=_start_gate(rank, world, dev))
+
+
+def _start_gate(rank: int, world: int, dev) -> StartGate | None:
+    """The ranks' StartGate: rank 0 makes the page file, every rank maps it, rank 0 removes its name once all
+    have (nothing is left behind). None on every rank where any rank could not map it (then the iterations
+    start from dist.barrier)."""
+    import torch.distributed as dist
+
+    fd, path, gate = -1, None, None
+    if rank == 0:
+        try:
+            fd, path = StartGate.create(world)
+        except OSError:
+            pass
+    names = [path]
+    dist.broadcast_object_list(names, src=0)
+    try:
+        if rank != 0 and names[0] is not None:
+            fd = os.open(names[0], os.O_RDWR)
+        if fd >= 0:
+            gate = StartGate(fd, rank, world)
+    except (OSError, ValueError):
+        gate = None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    ok = torch.tensor([1 if gate is not None else 0], device=dev)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # also: every rank has opened the file before rank 0 removes it
+    if path is not None:
+        os.unlink(path)
+    if not ok.item() and gate is not None:
+        gate.close()
+        gate = None
+    return gate
 
 
 def launch(fn, world: int, *args, backend: str = "emulated", heap_bytes: int = 64 << 20, timeout_s: float = 600.0):

@@ -22,6 +22,9 @@ class Ctx(SimpleNamespace):
     def barrier(self):
         pass
 
+    def start_barrier(self):
+        pass
+
 
 CTX = Ctx(device=SimpleNamespace(type="cpu"), rank=0, world=1)
 

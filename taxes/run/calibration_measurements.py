@@ -462,21 +462,21 @@ def measure_pingpong(ctx, plan: Plan, cycles_per_us: float, wait_s: float = 5.0)
 
 
 def measure_skew(ctx, plan: Plan, cycles_per_us: float) -> dict:
-    """After each barrier every rank stamps %globaltimer in a kernel; also the spread of a tiny
+    """After each iteration-start barrier (RankContext.start_barrier) every rank stamps %globaltimer in a kernel; also the spread of a tiny
     all-reduce's device duration across ranks (the early rank waits for the late one)."""
     stamps = torch.zeros(plan.skew_reps, dtype=torch.int64, device=ctx.device)
     _agree(ctx, lambda: stamp(stamps, 0))  # compile before the timed barriers
     tiny = torch.zeros(1, device=ctx.device)
     dist.all_reduce(tiny)
     for k in range(plan.skew_reps):
-        ctx.barrier()
+        ctx.start_barrier()  # the barrier every timed iteration starts from
         stamp(stamps, k)
     torch.cuda.synchronize()
     gathered = torch.zeros(ctx.world * plan.skew_reps, dtype=torch.int64, device=ctx.device)
     dist.all_gather_into_tensor(gathered, stamps)
     spreads = []
     for _ in range(plan.skew_reps):
-        ctx.barrier()
+        ctx.start_barrier()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         dist.all_reduce(tiny)

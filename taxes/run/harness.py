@@ -1,6 +1,7 @@
 """Timing on the device: a variant's barrier-aligned iterations, and back-to-back calls with the host ahead.
 
-An iteration (docs/method.md): all ranks meet at a barrier (device synchronised first), then each
+An iteration (docs/method.md): all ranks meet at a barrier (device synchronised first; the ranks' start
+gate, RankContext.start_barrier, lets them go within about a microsecond), then each
 records a start event on its stream, runs the variant, records an end event. A rank's sample is
 end - start; the iteration's E2E is the slowest rank's sample (taken when the document is built).
 Inputs rotate over several sets so a small problem is not served from L2.
@@ -66,7 +67,7 @@ def time_iterations(ctx, run, input_sets: list, iters: int, warmup: int, label: 
         end.synchronize()
     for i in range(warmup + iters):
         args = input_sets[i % len(input_sets)]
-        ctx.barrier()
+        ctx.start_barrier()
         if align is not None:
             align()
         with nvtx(f"{label} iter {i}", on_gpu):

@@ -165,7 +165,7 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
             host_first, host_after = host_work(every, "host"), host_work(every, "host-after")
             if on_gpu:
                 torch.cuda.synchronize()
-            ctx.barrier()
+            ctx.start_barrier()
             if align is not None:
                 align()
             if lean:

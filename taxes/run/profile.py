@@ -21,7 +21,8 @@ CLOCK_CHOICES = ("auto", "cupti", "torch.profiler", "both")
 # meet in a one-element all-reduce before the start event (no harness skew; each host launches from there);
 # "ahead", a spin kernel first, during which each host queues the whole iteration, then the all-reduce
 # (what a model's layer sees with the host ahead: launches hidden behind the device)
-STARTS = {"barrier": "a host barrier, then each rank's start event (isolated iterations)",
+STARTS = {"barrier": "a host barrier the ranks leave together (a shared page they spin on), then each rank's start "
+                     "event (isolated iterations)",
           "aligned": "a host barrier, then an all-reduce that every rank's device leaves together, then the start "
                      "event",
           "ahead": "a host barrier, a 500 us spin kernel during which each host queues the whole iteration, an "
