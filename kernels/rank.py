@@ -94,8 +94,10 @@ class StartGate:
     skew into its first collective, and two blocks of the same iterations differ by it."""
 
     LINE = 8  # int64 per rank: one cache line each
-    HOT_S = 0.05  # spin without pause this long, then poll every POLL_S (a rank far behind: compiling, failing)
-    POLL_S = 50e-6
+    # spin without pause this long, then poll every POLL_S (a rank far behind: compiling, failing); long enough
+    # for any host work between two iterations (reading a fused kernel's stamps), or the early rank would sleep
+    HOT_S = 2.0
+    POLL_S = 20e-6
 
     def __init__(self, fd: int, rank: int, world: int):
         self.rank, self.world = rank, world

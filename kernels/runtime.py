@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import sys
 import socket
 import tempfile
 import time
@@ -145,12 +146,12 @@ def _start_gate(rank: int, world: int, dev) -> StartGate | None:
     start from dist.barrier)."""
     import torch.distributed as dist
 
-    fd, path, gate = -1, None, None
+    fd, path, gate, why = -1, None, None, ""
     if rank == 0:
         try:
             fd, path = StartGate.create(world)
-        except OSError:
-            pass
+        except OSError as e:
+            why = f"rank 0 could not make its page ({e})"
     names = [path]
     dist.broadcast_object_list(names, src=0)
     try:
@@ -158,8 +159,8 @@ def _start_gate(rank: int, world: int, dev) -> StartGate | None:
             fd = os.open(names[0], os.O_RDWR)
         if fd >= 0:
             gate = StartGate(fd, rank, world)
-    except (OSError, ValueError):
-        gate = None
+    except (OSError, ValueError) as e:
+        why = f"rank {rank} could not map it ({e})"
     finally:
         if fd >= 0:
             os.close(fd)
@@ -167,9 +168,12 @@ def _start_gate(rank: int, world: int, dev) -> StartGate | None:
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # also: every rank has opened the file before rank 0 removes it
     if path is not None:
         os.unlink(path)
-    if not ok.item() and gate is not None:
-        gate.close()
-        gate = None
+    if not ok.item():
+        if gate is not None:
+            gate.close()
+            gate = None
+        if why:
+            print(f"taxes: the ranks share no start gate, {why}: iterations start from dist.barrier", file=sys.stderr)
     return gate
 
 
