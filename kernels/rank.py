@@ -134,6 +134,13 @@ class StartGate:
                 elif now > hot_until:
                     time.sleep(self.POLL_S)
 
+    def mark(self, token: int) -> None:
+        """Write a token in this rank's line beside its count (how the ranks prove they share the page)."""
+        self._slots[self.rank * self.LINE + 1] = token
+
+    def marked(self, rank: int) -> int:
+        return self._slots[rank * self.LINE + 1]
+
     def close(self) -> None:
         self._slots.release()
         self._map.close()

@@ -141,40 +141,59 @@ def _cuda_context(rank, world, local_rank, heap_bytes, timeout_s, init_method) -
 
 
 def _start_gate(rank: int, world: int, dev) -> StartGate | None:
-    """The ranks' StartGate: rank 0 makes the page file, every rank maps it, rank 0 removes its name once all
-    have (nothing is left behind). None on every rank where any rank could not map it (then the iterations
-    start from dist.barrier)."""
+    """The ranks' StartGate: rank 0 makes the page file, every rank maps it and proves that it sees the others'
+    writes (a process may see a /dev/shm of its own), and rank 0 removes its name once all have (nothing is left
+    behind). Tried in /dev/shm, the temporary folder, then the working folder. None on every rank where no
+    folder gives one page to all (then the iterations start from dist.barrier, and rank 0 says so)."""
+    import secrets
+
     import torch.distributed as dist
 
-    fd, path, gate, why = -1, None, None, ""
-    if rank == 0:
+    why = []
+    for folder in dict.fromkeys(f for f in ("/dev/shm", tempfile.gettempdir(), os.getcwd()) if os.path.isdir(f)):
+        fd, path, gate = -1, None, None
+        if rank == 0:
+            try:
+                fd, path = StartGate.create(world, folder)
+            except OSError as e:
+                why.append(f"{folder}: {e.strerror or e}")
+        names = [path]
+        dist.broadcast_object_list(names, src=0)
+        if names[0] is None:
+            continue
         try:
-            fd, path = StartGate.create(world)
-        except OSError as e:
-            why = f"rank 0 could not make its page ({e})"
-    names = [path]
-    dist.broadcast_object_list(names, src=0)
-    try:
-        if rank != 0 and names[0] is not None:
-            fd = os.open(names[0], os.O_RDWR)
-        if fd >= 0:
+            if rank != 0:
+                fd = os.open(names[0], os.O_RDWR)
             gate = StartGate(fd, rank, world)
-    except (OSError, ValueError) as e:
-        why = f"rank {rank} could not map it ({e})"
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    ok = torch.tensor([1 if gate is not None else 0], device=dev)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # also: every rank has opened the file before rank 0 removes it
-    if path is not None:
-        os.unlink(path)
-    if not ok.item():
+        except (OSError, ValueError) as e:
+            why.append(f"{folder}: rank {rank}: {getattr(e, 'strerror', None) or e}")
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        token = secrets.randbits(62) + 1
         if gate is not None:
+            gate.mark(token)
+        tokens = [None] * world
+        dist.all_gather_object(tokens, token if gate is not None else None)  # also: every rank has opened it
+        if path is not None:
+            os.unlink(path)
+        shared = gate is not None and all(t is not None and gate.marked(r) == t for r, t in enumerate(tokens))
+        ok = torch.tensor([1 if shared else 0], device=dev)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if ok.item():
+            gate.mark(0)
+            return gate
+        if gate is not None:
+            if not shared:
+                why.append(f"{folder}: rank {rank} does not see the others' writes")
             gate.close()
-            gate = None
-        if why:
-            print(f"taxes: the ranks share no start gate, {why}: iterations start from dist.barrier", file=sys.stderr)
-    return gate
+    everyone = [None] * world
+    dist.all_gather_object(everyone, why)
+    if rank == 0:
+        why = [w for ws in everyone for w in ws]
+        print("taxes: the ranks share no start gate (" + "; ".join(why or ["no folder"]) + "): iterations start "
+              "from dist.barrier", file=sys.stderr)
+    return None
 
 
 def launch(fn, world: int, *args, backend: str = "emulated", heap_bytes: int = 64 << 20, timeout_s: float = 600.0):
