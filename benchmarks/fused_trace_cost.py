@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 CASES = (("ag-gemm", "M=512,N=8192,K=8192"), ("ag-gemm", "M=1024,N=8192,K=8192"),
          ("flash-decode", "B=1,Hq=64,Hkv=8,D=128,S=32768"))
-WAYS = ("plain", "plain traced", "clock", "clock traced")
+WAYS = ("plain", "plain traced", "clock", "clock traced", "clock traced unread", "plain traced loop",
+        "plain traced read", "plain traced idle")
+IDLE_S = 300e-6  # what reading the stamps adds between two iterations
 
 
 def job(ctx, iters: int, rounds: int, variant: str) -> dict:
@@ -38,14 +41,39 @@ def job(ctx, iters: int, rounds: int, variant: str) -> dict:
             for _, _, thunk in runner.phases(*args, traced=True):
                 thunk()
 
+        def timed(after) -> list[float]:
+            """time_iterations' loop with `after` run once the end event is reached (outside the window)."""
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            samples = []
+            for i in range(3 + iters):
+                args = case.inputs[i % len(case.inputs)]
+                ctx.start_barrier()
+                start.record()
+                traced(*args)
+                end.record()
+                end.synchronize()
+                if i >= 3:
+                    samples.append(start.elapsed_time(end) * 1e3)
+                after()
+            return samples
+
+        def idle():
+            t = time.perf_counter() + IDLE_S
+            while time.perf_counter() < t:
+                pass
+
         got = {k: [] for k in WAYS}
         for r in range(rounds):
             warm = 3
             got["plain"] += time_iterations(ctx, runner, case.inputs, iters, warm)
             got["plain traced"] += time_iterations(ctx, traced, case.inputs, iters, warm)
-            for way, fused in (("clock", False), ("clock traced", True)):
+            got["plain traced loop"] += timed(lambda: None)
+            got["plain traced read"] += timed(lambda: critical_waits(runner))
+            got["plain traced idle"] += timed(idle)
+            for way, fused, read in (("clock", False, False), ("clock traced", True, True),
+                                     ("clock traced unread", True, False)):
                 raw = record_iterations(ctx, runner, case.inputs, iters, warm, make_recorder("cupti", True, "none"),
-                                        graph=False, fused=fused, trace_of=critical_waits if fused else None)
+                                        graph=False, fused=fused, trace_of=critical_waits if read else None)
                 got[way] += [it["e2e_us"] for it in raw["iterations"] if not it["warmup"]]
             torch.cuda.synchronize()
         out[f"{workload} {shape}"] = got
@@ -79,7 +107,7 @@ def main() -> None:
     for case in res[0]:
         e2e = {way: [max(col) for col in zip(*(r[case][way] for r in res))] for way in WAYS}
         table[case] = {way: iqm(v) for way, v in e2e.items()}
-        print(f"{case:42s} " + "  ".join(f"{way} {table[case][way]:7.1f}" for way in WAYS))
+        print(case + ": " + ", ".join(f"{way} {table[case][way]:.1f}" for way in WAYS))
     with open(a.out, "w") as f:
         json.dump({"world": a.gpus, "variant": a.variant, "iters": a.iters, "rounds": a.rounds, "iqm_us": table,
                    "per_rank_us": res}, f)
