@@ -281,6 +281,10 @@ class AgGemmFused:
         """One launch (plus the copy engine's copies when it is the producer): a single phase."""
         return [("fused-gemm", "compute", lambda: self(a_full, w_local, out, traced))]
 
+    def trace_buffers(self) -> list:
+        """The device tensors the traced build writes (cta_trace_rows and tile_waits read them)."""
+        return [self.cta_trace, self.tile_trace]
+
     def cta_trace_rows(self) -> list[dict]:
         """The last traced call, per CTA: start/end (globaltimer ns), ns waiting for data chunks and for
         peers (ready/free), tiles computed, and when its copies were done (ns, 0: not a copier)."""
@@ -325,6 +329,9 @@ class AgGemmFusedGraph:
 
     def phases(self, a_full, w_local, out, traced: bool = False):
         return self.inner.phases(a_full, w_local, out, traced)
+
+    def trace_buffers(self):
+        return self.inner.trace_buffers()
 
     def cta_trace_rows(self):
         return self.inner.cta_trace_rows()

@@ -419,6 +419,10 @@ class FlashDecode:
                      lambda: self._eager(q, k, v, out, traced))
         return out
 
+    def trace_buffers(self) -> list:
+        """The device tensor the traced combine writes (cta_trace reads it); none for the bsp variants."""
+        return [self.trace] if self.fused else []
+
     def cta_trace(self) -> list[tuple[int, int, int]]:
         """The last traced call's fused combine, per program: (start ns, ns waiting for peers, end ns)."""
         t = self.trace.view(-1, TRACE_WORDS.value).tolist()

@@ -257,6 +257,9 @@ class TpMlpFused:
                      lambda: self._eager(x_full, w1, w2, out, traced))
         return out
 
+    def trace_buffers(self) -> list:
+        return self.ag.trace_buffers()
+
     def cta_trace_rows(self) -> list[dict]:
         """The ag-gemm part's last traced call, per CTA (AgGemmFused.cta_trace_rows)."""
         return self.ag.cta_trace_rows()

@@ -10,6 +10,7 @@ import time
 from types import SimpleNamespace
 
 import pandas as pd
+import torch
 import pytest
 
 from taxes.attribution.attribute import ROWS, attribute
@@ -161,3 +162,37 @@ def test_what_a_barrier_launches_after_an_iteration_is_not_the_iterations():
     starts = tl.activities.set_index("correlation")["start_us"]
     assert (placed["end_us"] <= starts.reindex(placed.index)).all()  # a launch returns before its kernel starts
     assert all(tl.activities.groupby("step")["phase"].apply(list).map(lambda p: p == ["a", "b", "c"]))
+
+
+class Stamped(Steps):
+    """A 'fused' runner whose traced calls write a different, known stamp row into its trace buffer each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.trace = torch.zeros(2, 3, dtype=torch.int64)
+        self.calls = 0
+
+    def phases(self, *inputs, traced=False):
+        def write():
+            self.calls += 1
+            self.trace.copy_(torch.tensor([[0, 1000 * self.calls, 7 * self.calls], [0, 500, 0]]))
+        return [("fused", "compute", write)]
+
+    def trace_buffers(self):
+        return [self.trace]
+
+
+def test_each_iteration_keeps_its_own_calls_stamps_read_after_the_block():
+    runner = Stamped()
+    seen_during = []
+
+    def waits(r):  # what a reader sees when it is called
+        seen_during.append(r.calls)
+        return {"fused": float(r.trace[0, 2])}
+
+    raw = record_iterations(CTX, runner, [()], 5, 2, HostRecorder(), graph=False, fused=True, trace_of=waits,
+                            ctas_of=lambda r: {"fused": r.trace.tolist()})
+    its = raw["iterations"]
+    assert [it["waits"]["fused"] for it in its] == [7.0 * (k + 1) for k in range(7)]
+    assert [it["ctas"]["fused"][0][1] for it in its] == [1000 * (k + 1) for k in range(7)]
+    assert seen_during == [7] * 7  # every reading came after the block's last call, none between iterations

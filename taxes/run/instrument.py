@@ -146,6 +146,13 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
 
     if graph and on_gpu and not capture_after_start:  # a capture's launches run nothing: no records of them
         capture()
+    # A fused call's stamps are copied on the device after each iteration and read after the block: reading
+    # them between iterations left each device idle 0.3 ms longer before the next, which made it 4-15 us slower
+    # on 2 x H200 (benchmarks/fused_trace_cost.py), a measurement cost that was the reading's, not the clock's.
+    trace_buffers = list(runner.trace_buffers()) if (fused and (trace_of or ctas_of)
+                                                     and hasattr(runner, "trace_buffers")) else []
+    kept = [torch.empty((warmup + iters, t.numel()), dtype=t.dtype, device=t.device) for t in trace_buffers] \
+        if trace_buffers else None
     rec = recorder.start()
     if graph and on_gpu and capture_after_start:  # instantiated under the clock (cheaper replays, if the clock
         capture()  # instruments a graph once when it is instantiated)
@@ -216,14 +223,29 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
                 e2e = start_ev.elapsed_time(end_ev) * 1e3
             else:
                 e2e = math.nan  # the host clock's window: set from the step's span in taxes.traces.records.assemble
-            waits = trace_of(runner) if (fused and trace_of) else {}
-            iterations.append({"step": i, "e2e_us": e2e, "waits": waits or {}, "warmup": i < warmup})
-            if fused and ctas_of:
-                iterations[-1]["ctas"] = ctas_of(runner) or {}
+            iterations.append({"step": i, "e2e_us": e2e, "waits": {}, "warmup": i < warmup})
+            if kept is not None:  # a device copy, read after the block (see above)
+                for snap, t in zip(kept, trace_buffers):
+                    snap[i].copy_(t.reshape(-1))
+            elif fused and (trace_of or ctas_of):
+                _read_trace(iterations[-1], runner, trace_of, ctas_of)
     finally:
         acts, launches, host = rec.stop()
+    if kept is not None:
+        for i, it in enumerate(iterations):
+            for snap, t in zip(kept, trace_buffers):
+                t.reshape(-1).copy_(snap[i])
+            _read_trace(it, runner, trace_of, ctas_of)
     return {"activities": acts, "launches": launches, "host": host, "iterations": iterations, "clock": rec.name,
             "shared_origin_us": getattr(rec, "shared_origin_us", None)}
+
+
+def _read_trace(it: dict, runner, trace_of, ctas_of) -> None:
+    """The in-kernel waits (trace_of) and CTA stamps (ctas_of) of the runner's last traced call, into it."""
+    if trace_of:
+        it["waits"] = trace_of(runner) or {}
+    if ctas_of:
+        it["ctas"] = ctas_of(runner) or {}
 
 
 def capture_graph(steps: list):
