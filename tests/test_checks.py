@@ -8,6 +8,8 @@ import json
 import math
 import os
 
+import re
+
 import pytest
 from _util import run_cli
 
@@ -110,11 +112,39 @@ def test_measuring_cost_is_split_into_the_quickest_ranks_change_and_the_spreads(
     from taxes.documents.checks import measurement_cause
 
     rng = random.Random(5)
-    cause = measurement_cause(_two_rank_variant(rng, 100.0, 8.0, 104.0, 50.0))
+    from taxes.documents.checks import measurement_split
+
+    cause = measurement_split(_two_rank_variant(rng, 100.0, 8.0, 104.0, 50.0))
     nums = [float(x) for x in __import__("re").findall(r"[-+]?\d+\.\d", cause)]
     assert nums[0] == pytest.approx(4.0, abs=0.6) and nums[1] == pytest.approx(8.0, abs=0.6)
     assert nums[2] == pytest.approx(50.0, abs=0.6)
     assert measurement_cause({"samples_us": [[1.0, 2.0]], "records": {"ranks": [{"iterations": []}]}}) == ""
+    # a document that left its records out keeps the instrumented iterations' E2E beside the plain ones
+    var = _two_rank_variant(rng, 100.0, 8.0, 104.0, 50.0)
+    inst = [[it["e2e_us"] for it in r["iterations"]] for r in var.pop("records")["ranks"]]
+    assert measurement_split(var) == ""
+    nums = [float(x) for x in re.findall(r"[-+]?\d+\.\d", measurement_split(dict(var, instrumented_samples_us=inst)))]
+    assert nums[0] == pytest.approx(4.0, abs=0.6) and nums[-1] == pytest.approx(50.0, abs=0.6)
+
+
+def test_a_cost_inside_the_spread_of_the_plain_rounds_is_named_the_runs_noise():
+    import random
+
+    from taxes.documents.checks import measurement_cause
+
+    rng = random.Random(9)
+    # two ranks, 3 rounds of 20 plain iterations whose levels differ (110, 150, 128 us): a +12 us cost lies inside
+    levels = [110.0, 150.0, 128.0]
+    rank0 = [lv + rng.uniform(-1, 1) for lv in levels for _ in range(20)]
+    var = {"samples_us": [rank0, [x - 3 + rng.uniform(-1, 1) for x in rank0]], "measurement_cost_us": 12.0}
+    cause = measurement_cause(var, rounds=3)
+    width = float(re.search(r"rounds lie (\d+\.\d) us apart", cause).group(1))
+    assert width == pytest.approx(40.0, abs=2.0)
+    assert "within the run's own noise" in cause
+    # one level for every round: the same cost is not noise
+    flat = {"samples_us": [[120 + rng.uniform(-1, 1) for _ in range(60)]] * 2, "measurement_cost_us": 12.0}
+    assert "within the run's own noise" not in measurement_cause(flat, rounds=3)
+    assert measurement_cause(flat, rounds=1) == ""
 
 
 def test_negative_unattributed_as_large_as_locality_is_named():

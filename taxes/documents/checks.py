@@ -6,9 +6,9 @@ is read or derived from what the document stores, so the checks of a committed d
 any machine.
 
 - closure: the overall rows add up to attributed_e2e_us (the E2E printed above them); limit 0.1%.
-- measurement: measurement cost / plain E2E (interquartile means); limit PERTURBED, 3% (over it: perturbed). With
-  several ranks its cause is named: the quickest rank's own change, against the change of the ranks'
-  spread (the harness's barrier under the clock).
+- measurement: measurement cost / plain E2E (interquartile means); limit PERTURBED, 3% (over it: perturbed). Its
+  cause is named: how far apart the plain iterations' own rounds lie (a cost inside that is the run's noise),
+  and with several ranks the quickest rank's own change, against the change of the ranks' spread.
 - unattributed: unattributed / attributed E2E, with its sign; limit 5% either way. A miss is a finding
   about the method, never a reason to move time into a tax; its cause is named where the rows show it
   (the locality estimate, priced from bytes, is time the kernels already spent).
@@ -48,7 +48,8 @@ def _row(check, case, variant, where, value, reference, error, signed: bool = Tr
             "value": value, "reference": reference, "error": error, "limit": limit, "ok": bool(ok), "cause": ""}
 
 
-def case_checks(case: dict) -> list[dict]:
+def case_checks(case: dict, rounds: int = 1) -> list[dict]:
+    """rounds: how many interleaved rounds the iterations were taken in (the document's metadata)."""
     rows = []
     by_name = {v["variant"]: v for v in case["variants"]}
     for v in case["variants"]:
@@ -63,7 +64,7 @@ def case_checks(case: dict) -> list[dict]:
         if plain and cost is not None:
             r = _row("measurement", case, v["variant"], f"clock {att.get('clock')}", e2e, plain, cost / plain,
                      signed=False)
-            r["cause"] = measurement_cause(v) if not r["ok"] else ""
+            r["cause"] = measurement_cause(v, rounds) if not r["ok"] else ""
             rows.append(r)
         r = _row("unattributed", case, v["variant"], "overall", oc.get("unattributed"), e2e,
                  oc.get("unattributed", 0.0) / e2e)
@@ -80,7 +81,44 @@ def case_checks(case: dict) -> list[dict]:
     return rows
 
 
-def measurement_cause(var: dict) -> str:
+def round_spread(var: dict, rounds: int) -> tuple[float, list[float]] | None:
+    """How far apart the plain iterations' rounds lie: (max - min of the rounds' IQMs, the IQMs), E2E per
+    iteration the slowest rank's; None for one round or too few iterations. The rounds split the iterations
+    as the harness took them (taxes.run.measure: n // rounds each, the first n % rounds one more)."""
+    plain = var.get("samples_us") or []
+    if rounds < 2 or not plain or not all(plain):
+        return None
+    from taxes.attribution.attribute import iqm
+
+    e2e = [max(x) for x in zip(*plain)]
+    n = len(e2e)
+    sizes = [n // rounds + (1 if r < n % rounds else 0) for r in range(rounds)]
+    if min(sizes) < 4:
+        return None
+    at, means = 0, []
+    for k in sizes:
+        means.append(iqm(e2e[at:at + k]))
+        at += k
+    return max(means) - min(means), means
+
+
+def measurement_cause(var: dict, rounds: int = 1) -> str:
+    """Why a measurement cost is over the limit: the run's own noise first (how far apart the plain rounds
+    lie), then, where the records are kept, where the clock's time went (measurement_split)."""
+    noise = ""
+    spread = round_spread(var, rounds)
+    cost = var.get("measurement_cost_us")
+    if spread is not None:
+        width, means = spread
+        noise = (f"the plain iterations' own rounds lie {width:.1f} us apart (IQMs "
+                 + ", ".join(f"{m:.1f}" for m in means) + " us)")
+        if cost is not None and width >= abs(cost):
+            noise += f", more than the {cost:+.1f} us measured: the cost is within the run's own noise"
+    split = measurement_split(var)
+    return "; ".join(x for x in (noise, split) if x)
+
+
+def measurement_split(var: dict) -> str:
     """Where measuring cost its time, from the per-rank E2E of the plain and the instrumented iterations (the
     document keeps both): an iteration's E2E is its slowest rank's, and with several ranks the slowest is the
     one that began first after the barrier, so E2E holds the ranks' spread (slowest minus quickest rank, most
@@ -88,7 +126,8 @@ def measurement_cause(var: dict) -> str:
     cost on that rank's device and host) and what the spread moved (the harness, under the clock)."""
     plain = var.get("samples_us") or []
     ranks = ((var.get("records") or {}).get("ranks")) or []
-    inst = [[it.get("e2e_us") for it in r.get("iterations", []) if not it.get("warmup")] for r in ranks]
+    inst = var.get("instrumented_samples_us") or \
+        [[it.get("e2e_us") for it in r.get("iterations", []) if not it.get("warmup")] for r in ranks]
     if not plain or len(inst) != len(plain) or not all(inst) or any(x is None for r in inst for x in r):
         return ""
     from taxes.attribution.attribute import iqm
@@ -98,7 +137,7 @@ def measurement_cause(var: dict) -> str:
         return iqm([min(x) for x in its]), iqm([max(x) - min(x) for x in its])
 
     (q_plain, s_plain), (q_inst, s_inst) = stats(plain), stats(inst)
-    kernels = _kernels_per_iteration(ranks[0])
+    kernels = _kernels_per_iteration(ranks[0]) if ranks else 0
     per = ""
     if kernels:
         each = (q_inst - q_plain) / kernels
@@ -203,7 +242,8 @@ def _other_rows_moved(b: dict | None, g: dict | None, top: int = 3) -> str:
 def checks_frame(doc: dict) -> pd.DataFrame:
     """Every check of every case, one row each (COLUMNS); `ok` is boolean even when there are no rows, so
     frames of several documents concatenate into one whose `ok` still negates as booleans."""
-    rows = [row for case in doc["cases"] for row in case_checks(case)]
+    rounds = int((doc.get("metadata") or {}).get("rounds") or 1)
+    rows = [row for case in doc["cases"] for row in case_checks(case, rounds)]
     return pd.DataFrame(rows, columns=COLUMNS).astype({"ok": bool})
 
 
