@@ -143,14 +143,14 @@ def _cuda_context(rank, world, local_rank, heap_bytes, timeout_s, init_method) -
 def _start_gate(rank: int, world: int, dev) -> StartGate | None:
     """The ranks' StartGate: rank 0 makes the page file, every rank maps it and proves that it sees the others'
     writes (a process may see a /dev/shm of its own), and rank 0 removes its name once all have (nothing is left
-    behind). Tried in /dev/shm, the temporary folder, then the working folder. None on every rank where no
-    folder gives one page to all (then the iterations start from dist.barrier, and rank 0 says so)."""
+    behind). Tried in /dev/shm, then the temporary folder (never the user's folders). None on every rank where
+    neither gives one page to all (then the iterations start from dist.barrier, and rank 0 says so)."""
     import secrets
 
     import torch.distributed as dist
 
     why = []
-    for folder in dict.fromkeys(f for f in ("/dev/shm", tempfile.gettempdir(), os.getcwd()) if os.path.isdir(f)):
+    for folder in dict.fromkeys(f for f in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(f)):
         fd, path, gate = -1, None, None
         if rank == 0:
             try:
