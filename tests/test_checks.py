@@ -215,3 +215,19 @@ def test_phase_floors_beyond_the_steps_floor_are_named_beside_the_locality_estim
     assert "+20.0 us beyond them unexplained" in unattributed_cause({"unattributed": 115.4 - 196.2, "locality": 196.2},
                                                                     1403.0, extra)
     assert floors_beyond_step({"attribution": {}, "floor": {"ideal_us": 1.0}}) == 0.0
+
+
+def test_a_graph_no_faster_than_its_eager_twin_is_named_not_unexplained():
+    from taxes.documents.checks import ladder_cause
+
+    def var(name, rows):
+        return {"variant": name, "components": [{"name": k, "rank": None, "value_us": v} for k, v in rows.items()]}
+
+    case = {"variants": [var("bsp", {"launch": 5.0, "host_bound": 2.0, "queued": 0.5}),
+                         var("bsp-graph", {"launch": 0.0, "host_bound": 0.0, "queued": 7.1})]}
+    pair = {"bsp": "bsp", "graph": "bsp-graph", "plain_us": -2.4, "timeline_us": 7.0, "instrumented_us": -2.8}
+    cause = ladder_cause(pair, case)
+    assert cause.startswith("the graph is no faster than bsp here (plain ladder -2.4 us, instrumented -2.8 us)")
+    assert "queued -6.6 us" in cause
+    # a graph that is faster in plain iterations but not in the instrumented ones stays unexplained
+    assert ladder_cause(dict(pair, plain_us=3.0), case) == "unexplained"

@@ -204,12 +204,20 @@ def ladder_cause(pair: dict, case: dict | None = None) -> str:
     moved them too); the plain ladder is the instrumented one less the change of measurement cost (bsp's
     minus the graph's)."""
     inst = pair.get("instrumented_us")
-    if inst is None or inst <= 0:
+    if inst is None:
+        return "unexplained"
+    by = {v["variant"]: v for v in (case or {}).get("variants", [])}
+    b, g = by.get(pair["bsp"]), by.get(pair["graph"])
+    if inst <= 0 and pair["plain_us"] <= 0:
+        moved = _other_rows_moved(b, g)
+        return (f"the graph is no faster than {pair['bsp']} here (plain ladder {pair['plain_us']:+.1f} us, instrumented "
+                f"{inst:+.1f} us): there was no launch time for it to remove"
+                + (f"; the timeline's {pair['timeline_us']:.1f} us of launch + host_bound is offset by the other rows "
+                   f"({pair['bsp']} minus {pair['graph']}: {moved})" if moved else ""))
+    if inst <= 0:
         return "unexplained"
     agree = (pair["timeline_us"] - inst) / inst
     spread = max(pair.get("plain_spread_us") or [0.0])
-    by = {v["variant"]: v for v in (case or {}).get("variants", [])}
-    b, g = by.get(pair["bsp"]), by.get(pair["graph"])
     costs = ""
     if b and g and b.get("measurement_cost_us") is not None and g.get("measurement_cost_us") is not None:
         costs = (f"; the measurement costs ({pair['bsp']} {b['measurement_cost_us']:+.1f} us, {pair['graph']} "
