@@ -265,7 +265,7 @@ def _derive_skew(rs, offsets: dict | None):
     if offsets and world >= 2 and all(str(k) in offsets for k in range(1, world)):
         offs = [0.0] + [offsets[str(k)]["offset_ns"] for k in range(1, world)]
         spreads = skew_spreads_us(r["stamps_ns"], offs)
-        method = "globaltimer stamps after a barrier, clocks corrected by ping-pong offsets"
+        method = "globaltimer stamps after the iterations' start barrier, clocks corrected by ping-pong offsets"
     else:
         spreads = [x for x in r.get("collective_spread_us") or []
                    if isinstance(x, (int, float)) and math.isfinite(x) and x >= 0]

@@ -27,7 +27,7 @@ Every time is in us, every rate per second, every figure a median of repeated re
 - pingpong: a one-CTA kernel on two ranks bouncing a flag, with relaxed stores and volatile polls (the
   link latency is half its round trip) and with the fused kernels' release signal and acquire wait; a
   stamped run gives each GPU's clock offset from rank 0's (NTP's rule).
-- skew: after a barrier each rank stamps %globaltimer in a kernel; the stamps' spread with the clocks
+- skew: after the barrier iterations start from (RankContext.start_barrier) each rank stamps %globaltimer in a kernel; the stamps' spread with the clocks
   corrected by the offsets; also the spread of a tiny all-reduce's duration across ranks (the fallback).
 """
 
