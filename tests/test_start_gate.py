@@ -109,3 +109,45 @@ def test_the_ranks_share_one_gate_and_leave_no_file():
     assert all(left >= last for _, _, left in got)
     left_behind = [n for n in set(os.listdir(folder or "/tmp")) - before if n.startswith("taxes-gate-")]
     assert left_behind == []
+
+
+def _unshared_rank(rank, world, port, out, folder):
+    import torch
+    import torch.distributed as dist
+
+    import taxes.kernels.runtime as runtime
+
+    if rank != 0:  # this rank's view of every folder is a folder of its own, as when a process has its own /dev/shm
+        real_open = os.open
+
+        def own_open(path, flags, *a):
+            mine = os.path.join(folder, f"own-{rank}-" + os.path.basename(path))
+            fd = real_open(mine, flags | os.O_CREAT, 0o600)
+            os.ftruncate(fd, world * StartGate.LINE * 8)
+            os.unlink(mine)
+            return fd
+
+        runtime.os.open = own_open
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    gate = runtime._start_gate(rank, world, torch.device("cpu"))
+    out.put((rank, gate is None))
+    dist.destroy_process_group()
+
+
+def test_ranks_that_do_not_see_one_page_share_no_gate_and_say_so(tmp_path, capfd):
+    from taxes.kernels.runtime import _free_port
+
+    world, port = 2, _free_port()
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_unshared_rank, args=(r, world, port, out, str(tmp_path))) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=60) for _ in range(world))
+    for p in procs:
+        p.join(10)
+        assert p.exitcode == 0
+    assert got == {0: True, 1: True}  # no rank keeps a gate the others do not see
+    err = capfd.readouterr().err
+    assert "taxes: the ranks share no start gate (" in err and "rank 1 does not see the others' writes" in err
+    assert "iterations start from dist.barrier" in err
