@@ -150,7 +150,10 @@ def _start_gate(rank: int, world: int, dev) -> StartGate | None:
     import torch.distributed as dist
 
     why = []
-    for folder in dict.fromkeys(f for f in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(f)):
+    # rank 0's folders, on every rank: each try below is a collective, so every rank must make as many
+    folders = [list(dict.fromkeys(f for f in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(f)))]
+    dist.broadcast_object_list(folders, src=0)
+    for folder in folders[0]:
         fd, path, gate = -1, None, None
         if rank == 0:
             try:
