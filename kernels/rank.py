@@ -107,11 +107,19 @@ class StartGate:
         self._others = [r * self.LINE for r in range(world) if r != rank]
         self.count = 0
 
+    MEMFD = "memfd"  # where to make the page: an anonymous file, no name in any folder
+
     @staticmethod
     def create(world: int, folder: str | None = None) -> tuple[int, str]:
-        """A zeroed page file for `world` ranks (in /dev/shm where there is one): (open fd, path)."""
-        folder = folder or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
-        fd, path = tempfile.mkstemp(prefix="taxes-gate-", dir=folder)
+        """A zeroed page file for `world` ranks: (open fd, a path other processes open it by). folder MEMFD: an
+        anonymous file (memfd), opened through this process's /proc entry for as long as the fd stays open;
+        else a file in `folder` (/dev/shm where there is one)."""
+        if folder == StartGate.MEMFD:
+            fd = os.memfd_create("taxes-start-gate")
+            path = f"/proc/{os.getpid()}/fd/{fd}"
+        else:
+            folder = folder or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
+            fd, path = tempfile.mkstemp(prefix="taxes-gate-", dir=folder)
         os.ftruncate(fd, world * StartGate.LINE * 8)
         return fd, path
 

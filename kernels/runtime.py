@@ -141,25 +141,26 @@ def _cuda_context(rank, world, local_rank, heap_bytes, timeout_s, init_method) -
 
 
 def _start_gate(rank: int, world: int, dev) -> StartGate | None:
-    """The ranks' StartGate: rank 0 makes the page file, every rank maps it and proves that it sees the others'
-    writes (a process may see a /dev/shm of its own), and rank 0 removes its name once all have (nothing is left
-    behind). Tried in /dev/shm, then the temporary folder (never the user's folders). None on every rank where
-    neither gives one page to all (then the iterations start from dist.barrier, and rank 0 says so)."""
+    """The ranks' StartGate: rank 0 makes the page, every rank maps it and proves that it sees the others' writes
+    (a process may see a /dev/shm of its own), and nothing is left behind. Tried as an anonymous file (memfd,
+    which the others open through rank 0's /proc entry), then a file in /dev/shm, then in the temporary folder,
+    removed once every rank has mapped it (never the user's folders). None on every rank where no place gives
+    one page to all (then the iterations start from dist.barrier, and rank 0 says so)."""
     import secrets
 
     import torch.distributed as dist
 
     why = []
-    # rank 0's folders, on every rank: each try below is a collective, so every rank must make as many
-    folders = [list(dict.fromkeys(f for f in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(f)))]
-    dist.broadcast_object_list(folders, src=0)
-    for folder in folders[0]:
+    # rank 0's places, on every rank: each try below is a collective, so every rank must make as many
+    places = [[StartGate.MEMFD] + list(dict.fromkeys(f for f in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(f)))]
+    dist.broadcast_object_list(places, src=0)
+    for place in places[0]:
         fd, path, gate = -1, None, None
         if rank == 0:
             try:
-                fd, path = StartGate.create(world, folder)
-            except OSError as e:
-                why.append(f"{folder}: {e.strerror or e}")
+                fd, path = StartGate.create(world, place)
+            except (OSError, AttributeError) as e:  # AttributeError: no memfd on this system
+                why.append(f"{place}: {getattr(e, 'strerror', None) or e}")
         names = [path]
         dist.broadcast_object_list(names, src=0)
         if names[0] is None:
@@ -169,17 +170,19 @@ def _start_gate(rank: int, world: int, dev) -> StartGate | None:
                 fd = os.open(names[0], os.O_RDWR)
             gate = StartGate(fd, rank, world)
         except (OSError, ValueError) as e:
-            why.append(f"{folder}: rank {rank}: {getattr(e, 'strerror', None) or e}")
-        finally:
-            if fd >= 0:
-                os.close(fd)
+            why.append(f"{place}: rank {rank}: {getattr(e, 'strerror', None) or e}")
+        if rank != 0 and fd >= 0:
+            os.close(fd)
         token = secrets.randbits(62) + 1
         if gate is not None:
             gate.mark(token)
         tokens = [None] * world
         dist.all_gather_object(tokens, token if gate is not None else None)  # also: every rank has opened it
-        if path is not None:
-            os.unlink(path)
+        if rank == 0:  # rank 0's fd is what the others opened a memfd by: closed only now
+            if fd >= 0:
+                os.close(fd)
+            if path is not None and place != StartGate.MEMFD:
+                os.unlink(path)
         shared = gate is not None and all(t is not None and gate.marked(r) == t for r, t in enumerate(tokens))
         ok = torch.tensor([1 if shared else 0], device=dev)
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
@@ -188,13 +191,13 @@ def _start_gate(rank: int, world: int, dev) -> StartGate | None:
             return gate
         if gate is not None:
             if not shared:
-                why.append(f"{folder}: rank {rank} does not see the others' writes")
+                why.append(f"{place}: rank {rank} does not see the others' writes")
             gate.close()
     everyone = [None] * world
     dist.all_gather_object(everyone, why)
     if rank == 0:
         why = [w for ws in everyone for w in ws]
-        print("taxes: the ranks share no start gate (" + "; ".join(why or ["no folder"]) + "): iterations start "
+        print("taxes: the ranks share no start gate (" + "; ".join(why or ["no place"]) + "): iterations start "
               "from dist.barrier", file=sys.stderr)
     return None
 

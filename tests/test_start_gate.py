@@ -151,3 +151,26 @@ def test_ranks_that_do_not_see_one_page_share_no_gate_and_say_so(tmp_path, capfd
     err = capfd.readouterr().err
     assert "taxes: the ranks share no start gate (" in err and "rank 1 does not see the others' writes" in err
     assert "iterations start from dist.barrier" in err
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd on this system")
+def test_an_anonymous_page_is_opened_by_another_process_through_proc():
+    fd, path = StartGate.create(2, StartGate.MEMFD)
+    assert path == f"/proc/{os.getpid()}/fd/{fd}"
+    mine = StartGate(fd, 0, 2)
+    ctx = mp.get_context("spawn")  # a process that inherits nothing: it reaches the page by the path alone
+    p = ctx.Process(target=_write_token_at, args=(path,))
+    p.start()
+    p.join(60)
+    os.close(fd)
+    assert p.exitcode == 0
+    assert mine.marked(1) == 4242
+    mine.close()
+
+
+def _write_token_at(path):
+    fd = os.open(path, os.O_RDWR)
+    gate = StartGate(fd, 1, 2)
+    os.close(fd)
+    gate.mark(4242)
+    gate.close()
