@@ -106,6 +106,7 @@ class StartGate:
         self._slots = memoryview(self._map).cast("q")
         self._others = [r * self.LINE for r in range(world) if r != rank]
         self.count = 0
+        self.place = ""  # where its page lives (MEMFD or a folder), set by whoever made it
 
     MEMFD = "memfd"  # where to make the page: an anonymous file, no name in any folder
 
@@ -188,6 +189,12 @@ class RankContext:
             self._gate.wait(timeout_s)
         else:
             self.barrier(timeout_s)
+
+    def start_barrier_kind(self) -> str:
+        """What start_barrier is here, in words (a document's metadata says it)."""
+        if self.backend != "cuda":
+            return "the emulated ranks' barrier"
+        return f"the start gate (its page: {self._gate.place})" if self._gate is not None else "dist.barrier"
 
     def all_max(self, values: list[float]) -> list[float]:
         """Element-wise maximum over ranks (every rank gets the same list): how ranks agree."""

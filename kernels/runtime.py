@@ -188,6 +188,7 @@ def _start_gate(rank: int, world: int, dev) -> StartGate | None:
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         if ok.item():
             gate.mark(0)
+            gate.place = place
             return gate
         if gate is not None:
             if not shared:

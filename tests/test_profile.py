@@ -271,6 +271,7 @@ def test_an_iteration_start_aligned_on_the_devices_is_run_and_said(monkeypatch):
                   config={"block_n": 16}, timeout_s=300, rounds=1, start="aligned").document
     validate(doc)
     assert doc["metadata"]["iteration_start"]["mode"] == "aligned"
+    assert doc["metadata"]["iteration_start"]["barrier"] == "the emulated ranks' barrier"  # which barrier ran
     n = len(open(calls.name).read())
     # 2 ranks x (plain: 1 warm-up + 3, instrumented: 1 warm-up + 3)
     assert n == 2 * (4 + 4), n

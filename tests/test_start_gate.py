@@ -82,6 +82,7 @@ def _setup_rank(rank, world, port, out):
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     gate = _start_gate(rank, world, torch.device("cpu"))
+    assert gate.place in (StartGate.MEMFD, "/dev/shm", __import__("tempfile").gettempdir())
     time.sleep(0.05 * rank)
     arrived = time.monotonic()
     gate.wait(timeout_s=30)

@@ -47,13 +47,16 @@ def build_document(results: list[dict], job, hw: HardwareProfile, emulated: bool
 
     clocks = results[0].get("clocks", {})
     start = getattr(job, "start", "barrier")
+    rank0 = dict(results[0]["meta"])
+    barrier = rank0.pop("start_barrier", None)
     meta = collect_metadata("profile", job.world, hw.name, emulated=emulated, iterations=job.iters,
                             warmup=job.warmup, rounds=job.rounds, statistic=STATISTIC,
-                            iteration_start={"mode": start, "how": getattr(job, "start_how", start)},
+                            iteration_start={"mode": start, "how": getattr(job, "start_how", start),
+                                             **({"barrier": barrier} if barrier else {})},
                             timing=("cuda events around every iteration (plain, and instrumented); per-kernel "
                                     f"clock: {clocks.get('why', clocks.get('main'))}; globaltimer per CTA in fused "
                                     "kernels' traced builds"),
-                            **{k: v for k, v in results[0]["meta"].items()})
+                            **rank0)
     doc = new_document(meta)
     for i in range(len(results[0]["cases"])):
         doc["cases"].append(case_document([r["cases"][i] for r in results], job.workload, job.world, job.dtype, hw))

@@ -65,6 +65,8 @@ def rank_job(ctx, job) -> dict:
         round_bf16_like_a_gpu()
     warm_clocks(ctx, 2.0)
     out = {"cases": [], "meta": gpu_metadata() if ctx.rank == 0 else {}}
+    if ctx.rank == 0:
+        out["meta"]["start_barrier"] = ctx.start_barrier_kind()
     clocks = _clocks(ctx, job.clock)
     align = iteration_start(ctx, getattr(job, "start", "barrier"))
     try:
