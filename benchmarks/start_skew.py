@@ -38,7 +38,7 @@ def job(ctx, reps: int) -> dict:
     torch.cuda.synchronize()
     d = dev.view(reps, 2).tolist()
     return {"host_ns": host, "device_ns": {m: [row[j] for row in d] for j, m in enumerate(modes)},
-            "gate": ctx._gate is not None}
+            "gate": ctx._gate is not None, "barrier": ctx.start_barrier_kind()}
 
 
 def spread(per_rank: list[list[int]]) -> list[float]:
@@ -59,7 +59,9 @@ def main() -> None:
     from taxes.kernels.runtime import launch
 
     res = launch(job, a.gpus, a.reps, backend="cuda", timeout_s=300)
-    out = {"world": a.gpus, "reps": a.reps, "gate_shared": all(r["gate"] for r in res), "skew_us": {}}
+    out = {"world": a.gpus, "reps": a.reps, "gate_shared": all(r["gate"] for r in res), "barrier": res[0]["barrier"],
+           "skew_us": {}}
+    print(f"iterations start from {out['barrier']}")
     for m in ("dist", "gate"):
         h = spread([r["host_ns"][m] for r in res])
         dv = spread([r["device_ns"][m] for r in res])
