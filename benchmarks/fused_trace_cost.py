@@ -82,13 +82,6 @@ def job(ctx, iters: int, rounds: int, variant: str) -> dict:
     return out
 
 
-def iqm(xs: list[float]) -> float:
-    s = sorted(xs)
-    k = len(s) // 4
-    mid = s[k:len(s) - k]
-    return sum(mid) / len(mid)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpus", type=int, default=2)
@@ -97,6 +90,7 @@ def main() -> None:
     ap.add_argument("--variant", default="fused-push")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    from taxes.attribution.attribute import iqm
     from taxes.kernels.runtime import launch
     from taxes.run.profile import heap_bytes
     from taxes.workloads import make_workload, parse_shape
