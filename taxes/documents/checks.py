@@ -22,7 +22,7 @@ import math
 
 import pandas as pd
 
-from taxes.method import PERTURBED
+from taxes.method import PERTURBED, round_sizes
 from taxes.documents.results import rows_state
 
 COLUMNS = ["check", "workload", "shape", "variant", "where", "value", "reference", "error", "limit", "ok", "cause"]
@@ -84,7 +84,7 @@ def case_checks(case: dict, rounds: int = 1) -> list[dict]:
 def round_spread(var: dict, rounds: int) -> tuple[float, list[float]] | None:
     """How far apart the plain iterations' rounds lie: (max - min of the rounds' IQMs, the IQMs), E2E per
     iteration the slowest rank's; None for one round or too few iterations. The rounds split the iterations
-    as the harness took them (taxes.run.measure: n // rounds each, the first n % rounds one more)."""
+    as the harness took them (taxes.method.round_sizes)."""
     plain = var.get("samples_us") or []
     if rounds < 2 or not plain or not all(plain):
         return None
@@ -92,7 +92,7 @@ def round_spread(var: dict, rounds: int) -> tuple[float, list[float]] | None:
 
     e2e = [max(x) for x in zip(*plain)]
     n = len(e2e)
-    sizes = [n // rounds + (1 if r < n % rounds else 0) for r in range(rounds)]
+    sizes = round_sizes(n, rounds)
     if min(sizes) < 4:
         return None
     at, means = 0, []

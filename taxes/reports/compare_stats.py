@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from taxes.method import TAXES
+from taxes.method import TAXES, round_sizes
 
 N_RESAMPLES = 2000
 MIN_SAMPLES = 5  # fewer iterations than this on a side: no rank test (its approximation is too rough)
@@ -40,7 +40,7 @@ def blocks_of(n: int, timing: dict | None) -> list[int]:
     rounds, iterations = (timing or {}).get("rounds"), (timing or {}).get("iterations")
     if not isinstance(rounds, int) or not isinstance(iterations, int) or iterations != n or not 2 <= rounds <= n:
         return [n]
-    return [n // rounds + (1 if r < n % rounds else 0) for r in range(rounds)]
+    return round_sizes(n, rounds)
 
 
 def rank_test_p(a, b) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 
+from taxes.method import round_sizes
 from taxes.run.cases import TOLERANCE, cta_stamps, make_case, rel_error
 from taxes.run.harness import agree, gpu_metadata, time_iterations, warm_clocks
 from taxes.run.instrument import make_recorder, record_iterations
@@ -145,7 +146,7 @@ def _rank_case(ctx, job, shape: dict, clocks: dict, align=None) -> dict:
     cupti_here = clocks["main"] == "cupti" and ctx.device.type == "cuda"
     api = "none" if cupti_here else "warmup"
     rounds = max(1, min(job.rounds, job.iters))
-    blocks = [job.iters // rounds + (1 if r < job.iters % rounds else 0) for r in range(rounds)]
+    blocks = round_sizes(job.iters, rounds)
     for r, n in enumerate(blocks):
         warmup = job.warmup if r == 0 else min(job.warmup, 2)
         last = r == rounds - 1

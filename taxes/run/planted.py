@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import statistics
 
+from taxes.method import round_sizes
 from taxes.run.host_gate import spin_us
 from taxes.run.planted_measure import Replayed, measure
 
@@ -248,7 +249,7 @@ def single_cases(ctx, opts: dict) -> dict:
     plains = {name: Replayed(runner, [()]) if graph else runner for name, (runner, graph, _) in cases.items()}
     got = {name: {"plain": [], "raw": []} for name in cases}
     rounds = max(1, min(opts.get("rounds", 4), iters))
-    for r, n_iters in enumerate(_blocks(iters, rounds)):
+    for r, n_iters in enumerate(round_sizes(iters, rounds)):
         for name, (runner, graph, kw) in cases.items():
             m = measure(ctx, runner, n_iters, warmup if r == 0 else min(warmup, 2), clock, graph=graph,
                         plain_runner=plains[name], instrumented_first=r % 2 == 1, **kw)
@@ -302,7 +303,7 @@ def late_cases(ctx, opts: dict) -> dict:
         got = {p: {"plain": [], "raw": []} for p in plan}
         # every delay's iterations interleaved in rounds (plain first in even rounds, instrumented first in odd
         # ones): a drift of the host between the run without a delay and the runs with one falls on all alike
-        for r, n in enumerate(_blocks(iters, rounds)):
+        for r, n in enumerate(round_sizes(iters, rounds)):
             for p in plan:
                 m = measure(ctx, lates[p], n, warmup if r == 0 else min(warmup, 2), clock, graph=graphed, comm=comm,
                             input_sets=case.inputs, fused=v.fused, align=align, plain_runner=plains[p],
@@ -343,8 +344,3 @@ def _copy_us_per_byte(ctx, n: int) -> float:
         if i >= 2:
             times.append(start.elapsed_time(end) * 1e3)
     return statistics.median(times) / (2.0 * nbytes)
-
-
-def _blocks(iters: int, rounds: int) -> list[int]:
-    """iters split into `rounds` blocks as evenly as whole iterations allow."""
-    return [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
