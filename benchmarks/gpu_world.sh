@@ -17,6 +17,12 @@
 #                                               # delays), to OUT/ddp-GPU-xW.json, the 3 ms cases' traces kept
 #   bash benchmarks/gpu_world.sh "planted profiles" OUT
 #
+# DEADLINE_S (seconds from the start): every stage's limit is cut to what is left before it, and a stage
+# that could not finish in what is left is skipped and says so, so that the archive below is always written
+# inside one call's limit. A calibration is also saved where later calls on the same machine find it
+# (~/.config/taxes/profiles), so their profiles and sweeps are priced by it.
+#
+# Stages run in this order, whatever order they are named in: smoke, skew, calibrate, planted, profiles, sweep, ddp.
 # Installs the carried wheels (.wheels) to /tmp/site and the project offline; NVLink multicast stays off.
 set -u
 stages=" ${1:?stage: smoke, skew, planted, calibrate, profiles, sweep or ddp (several: quoted, space-separated)} "
@@ -36,6 +42,14 @@ W=$(nvidia-smi -L | grep -c '^GPU')
 GPU=$(python3 -c "import torch; from taxes.model.hardware import gpu_kind; print(gpu_kind(torch.cuda.get_device_name(0)))")
 echo "world $W, $GPU"
 LOG="$OUT/log-$GPU-x$W.txt"
+T0=$SECONDS
+# cap SECONDS [LEAST]: SECONDS, or what is left before DEADLINE_S (20 s kept for the archive) when that is
+# less; 0 when less than LEAST (default 60) is left
+cap() {
+    local left=$(( ${DEADLINE_S:-1000000} - (SECONDS - T0) - 20 )) want=$1 least=${2:-60}
+    if [ "$left" -lt "$least" ]; then echo 0; elif [ "$want" -lt "$left" ]; then echo "$want"; else echo "$left"; fi
+}
+at() { echo "[$((SECONDS - T0)) s] $*"; }
 
 if [[ "$stages" == *" smoke "* ]]; then
     timeout 60 python3 benchmarks/clock_pairing.py --procs 2 --out "$OUT/clock_pairing-$GPU.json" 2>&1 | tail -4
@@ -62,8 +76,19 @@ PY
 fi
 
 if [[ "$stages" == *" skew "* ]]; then
-    timeout 120 python3 benchmarks/start_skew.py --gpus "$W" --reps ${SKEW_REPS:-300} --out "$OUT/start_skew-$GPU-x$W.json" 2>&1 | tail -3
+    t=$(cap 120 30)
+    [ "$t" = 0 ] && at "skew skipped: too little time left"
+    [ "$t" = 0 ] || timeout "$t" python3 benchmarks/start_skew.py --gpus "$W" --reps ${SKEW_REPS:-300} --out "$OUT/start_skew-$GPU-x$W.json" 2>&1 | tail -3
 fi
+
+if [[ "$stages" == *" calibrate "* ]]; then
+    t=$(cap ${CALIBRATE_S:-150} 90)
+    if [ "$t" = 0 ]; then at "calibrate skipped: too little time left"; else
+        at calibrate
+        timeout "$t" taxes calibrate --gpus "$W" --quick -o "$OUT/$GPU-x$W-calibrated.json" 2>&1 | tail -3
+        [ -f "$OUT/$GPU-x$W-calibrated.json" ] && mkdir -p ~/.config/taxes/profiles \
+            && cp "$OUT/$GPU-x$W-calibrated.json" ~/.config/taxes/profiles/
+    fi
 
 if [[ "$stages" == *" planted "* ]]; then
     # the late rank's host gate first: a run that cannot plant a host delay should stop in seconds
@@ -76,13 +101,14 @@ if [[ "$stages" == *" planted "* ]]; then
     echo "$gate" | tail -${GATE_TAIL:-3}
     [ "$status" = 0 ] || { echo "the host gate does not hold: no planted run"; RUNS=""; }
     for n in ${RUNS-1 2 3}; do
-        timeout ${PLANTED_S:-170} taxes validate --planted --gpus "$W" --iters ${ITERS:-20} --clock cupti \
+        t=$(cap ${PLANTED_S:-170} ${PLANTED_S:-170})
+        [ "$t" = 0 ] && { at "planted run $n skipped: less than ${PLANTED_S:-170} s left"; continue; }
+        at "planted run $n"
+        timeout "$t" taxes validate --planted --gpus "$W" --iters ${ITERS:-20} --clock cupti \
             -o "$OUT/$GPU-x$W-$n.json" --records "$OUT/$GPU-x$W-$n.records.json.gz" 2>&1 | tail -${TAIL:-25}
     done
 fi
 
-if [[ "$stages" == *" calibrate "* ]]; then
-    timeout 150 taxes calibrate --gpus "$W" --quick -o "$OUT/$GPU-x$W-calibrated.json" 2>&1 | tail -3
 fi
 
 if [[ "$stages" == *" profiles "* ]]; then
@@ -90,7 +116,9 @@ if [[ "$stages" == *" profiles "* ]]; then
     [ -f "$HW" ] || HW=reports/calibration/$GPU-x$W-calibrated.json
     [ -f "$HW" ] && HWARG="--hardware $HW" || HWARG=""
     prof() {  # NAME WORKLOAD SECONDS ARGS...
-        local name=$1 wl=$2 secs=$3; shift 3
+        local name=$1 wl=$2 secs=$(cap $3 60); shift 3
+        [ "$secs" = 0 ] && { at "$name skipped: too little time left"; return; }
+        at "$name"
         timeout "$secs" taxes profile "$wl" --gpus "$W" --clock cupti $HWARG --iters ${PITERS:-40} --rounds 4 \
             -o "$OUT/$name-$GPU-x$W.json.gz" --force --timeout-s $((secs - 5)) --format md "$@" > "$OUT/$name.md" 2>&1
         echo "$name: exit $?"; grep -E "^\| (E2E|measurement|speed|correct)|rror" "$OUT/$name.md" | head -12
@@ -112,7 +140,9 @@ if [[ "$stages" == *" sweep "* ]]; then
     # gemm-rs decode); a group that outruns its time leaves the others; SWEEP_START: how each iteration starts
     # (barrier: isolated, the default; ahead: the host queues the iteration first, as a model's layer runs)
     sw() {  # NAME WORKLOAD SECONDS SHAPE...
-        local name=$1${SWEEP_START:+-$SWEEP_START} wl=$2 secs=$3; shift 3
+        local name=$1${SWEEP_START:+-$SWEEP_START} wl=$2 secs=$(cap $3 45); shift 3
+        [ "$secs" = 0 ] && { at "$name skipped: too little time left"; return; }
+        at "$name"
         local shapes=(); for sh in "$@"; do shapes+=(--shape "$sh"); done
         timeout "$secs" taxes profile "$wl" --gpus "$W" --clock cupti --iters ${SITERS:-20} --rounds 2 \
             --start ${SWEEP_START:-barrier} "${shapes[@]}" -o "$OUT/$name-$GPU-x$W.json.gz" --force \
@@ -133,7 +163,9 @@ if [[ "$stages" == *" sweep "* ]]; then
 fi
 
 if [[ "$stages" == *" ddp "* ]]; then
-    timeout ${DDP_S:-560} python3 benchmarks/ddp_known_answers.py --gpus "$W" \
+    t=$(cap ${DDP_S:-560} 120)
+    [ "$t" = 0 ] && at "ddp skipped: too little time left"
+    [ "$t" = 0 ] || timeout "$t" python3 benchmarks/ddp_known_answers.py --gpus "$W" \
         --cases "${DDP_CASES:-host:1,host:3,host:10,device:1,device:3,device:10}" --out "$OUT/ddp-$GPU-x$W.json" 2>&1 | tail -14
     # the traces of the 3 ms cases stay (fixtures with their measured truth), the others would only weigh
     # (DDP_KEEP=all keeps every case's, to judge them again by later rules)
@@ -141,5 +173,6 @@ if [[ "$stages" == *" ddp "* ]]; then
         find "$OUT/ddp-$GPU-x$W-traces" -mindepth 1 -maxdepth 1 -type d ! -name '*-3ms' -exec rm -rf {} + 2>/dev/null
 fi
 
+at "done"
 # at most eight files come back from a call: everything in one archive (the short tables above are on stdout)
 ( cd "$OUT" && tar czf /tmp/bundle.tgz . && find . -type f -delete && mv /tmp/bundle.tgz "bundle-$GPU-x$W.tgz" && ls -la )
