@@ -89,6 +89,7 @@ if [[ "$stages" == *" calibrate "* ]]; then
         [ -f "$OUT/$GPU-x$W-calibrated.json" ] && mkdir -p ~/.config/taxes/profiles \
             && cp "$OUT/$GPU-x$W-calibrated.json" ~/.config/taxes/profiles/
     fi
+fi
 
 if [[ "$stages" == *" planted "* ]]; then
     # the late rank's host gate first: a run that cannot plant a host delay should stop in seconds
@@ -107,8 +108,6 @@ if [[ "$stages" == *" planted "* ]]; then
         timeout "$t" taxes validate --planted --gpus "$W" --iters ${ITERS:-20} --clock cupti \
             -o "$OUT/$GPU-x$W-$n.json" --records "$OUT/$GPU-x$W-$n.records.json.gz" 2>&1 | tail -${TAIL:-25}
     done
-fi
-
 fi
 
 if [[ "$stages" == *" profiles "* ]]; then
