@@ -192,6 +192,23 @@ def test_a_fused_kernels_own_wait_is_sync_wait_beyond_the_unhideable_link_time()
     adds_up(r)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_fused_kernel_waited_no_longer_than_it_ran_beyond_its_floor(seed):
+    # a fused kernel's wait rule (the longest any CTA waited) also counts wait that other CTAs' compute
+    # covered: a kernel of dur us whose floor is fl cannot have been held by waiting for more than dur - fl
+    rng = random.Random(seed)
+    dur = rng.uniform(80.0, 200.0)
+    fl_us = rng.uniform(0.3, 0.8) * dur
+    beyond = dur - fl_us
+    for wait in (0.5 * beyond, 2.0 * beyond):
+        k = Launch("fused", dur_us=dur, wait_us=wait, floor_us=fl_us)
+        r = one(rows_of(run([k]), floor=Floor(compute_us=fl_us, hbm_us=1.0))[1])
+        assert r["sync_wait"] == pytest.approx(min(wait, beyond))
+        assert r["inefficiency"] == pytest.approx(beyond - min(wait, beyond))
+        assert r["inefficiency"] >= -1e-9
+        adds_up(r)
+
+
 def test_inefficiency_is_each_kernels_time_above_its_own_floor_and_unattributed_keeps_its_sign():
     # two memory-bound kernels with their own floors; a third without; the step's floor says less work
     # than the kernels' floors add up to (the extra is locality the step floor does not count)

@@ -205,7 +205,13 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
             host_cs = np.where(cs[pos][~comm] >= starts_all[pos][~comm], np.nan, cs[pos][~comm])
             sync_coll = min(binding_wait(s[comm], e[comm], cw, comp_m, s[~comm], host_cs), exposed)
         own_host = max(0.0, sync_all - sync_coll)
-        in_kernel_wait = float(wait_all[pos][~comm].sum())
+        # a kernel waited no longer than it ran beyond its own floor: a fused kernel's wait rule (the longest
+        # any CTA waited) also counts wait that other CTAs' compute covered, which the floor bounds
+        kw = wait_all[pos][~comm]
+        fl_k = floor_all[pos][~comm]
+        kw_capped = np.where(np.isnan(fl_k), kw, np.minimum(kw, np.maximum(0.0, (e - s)[~comm] - np.nan_to_num(fl_k))))
+        in_kernel_wait = float(kw_capped.sum())
+        covered_wait = float(kw.sum()) - in_kernel_wait
         unhide = floor.unhideable_link_us if floor is not None else 0.0
         unhide_comm = min(unhide, max(0.0, exposed - sync_coll))
         unhide_kernel = min(unhide - unhide_comm, in_kernel_wait)
@@ -228,7 +234,7 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         r["locality"] = loc_b * us_per_byte if us_per_byte else 0.0
         # compute: kernels with their own floor are split into floor (in `ideal`, from the step's floor) and
         # inefficiency; the others stay `compute`
-        dur = (e - s)[~comm] - wait_all[pos][~comm] - st
+        dur = (e - s)[~comm] - kw_capped - st
         fl = floor_all[pos][~comm]
         known = ~np.isnan(fl)
         if floor is not None and known.any():
@@ -259,6 +265,7 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         rows.append({"rank": tl.rank, "step": w.step, "start_us": lo, "end_us": hi, "span_us": span, **r,
                      "busy_us": busy, "compute_busy_us": compute_busy, "exposed_comm_us": exposed,
                      "comm_us": measure(merge(s[comm], e[comm]), lo, hi), "in_kernel_wait_us": in_kernel_wait,
+                     "in_kernel_wait_covered_us": covered_wait,
                      "wait_stretch_us": stretch,
                      "locality_bytes": loc_b, "launch_latency_us": lat})
     g = pd.DataFrame({c: np.concatenate([f[c] for f in gap_frames]) if gap_frames else [] for c in GAP_COLUMNS})
