@@ -83,6 +83,25 @@ def test_gaps_inside_one_graph_replay_are_graph_gaps_not_launch_tax():
     adds_up(r)
 
 
+@pytest.mark.parametrize("harness_us, python_us", [(4.0, 1.0), (9.0, 0.5), (9.0, 6.0)])
+def test_the_harnesss_start_event_record_is_not_the_programs_host_time(harness_us, python_us):
+    # the harness records the iteration's start event in a host call of its own (it launches nothing) before
+    # the program's graph replay: the program's host time is only from that call's end to the replay's call
+    from taxes.run.instrument import HARNESS_START
+
+    delay = harness_us + python_us
+    tl = run(chain(4, dur_us=2.0), graph=True, graph_gap_us=0.5, graph_api_us=6.0, start_delay_us=delay)
+    t0 = Sim().t0
+    host = [*tl.host.to_dict("records"), {"name": HARNESS_START, "kind": "call", "start_us": t0,
+                                          "end_us": t0 + harness_us, "tid": 0}]
+    r = one(rows_of(timeline(tl.rank, tl.activities, tl.launches, host, tl.windows))[1])
+    assert r["host_bound"] == pytest.approx(python_us)
+    assert r["launch"] == pytest.approx(harness_us + 6.0 + Sim().latency_us)
+    without = one(rows_of(tl)[1])  # no harness call: the step's start is when the host was last free
+    assert without["host_bound"] == pytest.approx(delay)
+    adds_up(r)
+
+
 def test_a_long_dependency_wait_inside_a_graph_is_a_graph_gap():
     ks = chain(4, dur_us=2.0)
     ks[2].not_before_us = 100.0 + 6.0 + 1.5 + 300.0
