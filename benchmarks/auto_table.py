@@ -4,7 +4,8 @@ shape (taxes.run.auto).
 
     python benchmarks/auto_table.py reports/profile/*-h100-x[124].json.gz \
         reports/profile/flash_decode-h100-x1-B1-S32768.json.gz reports/profile/flash_decode-h100-x1-B1-S131072.json.gz \
-        reports/sweep/sweep-*-h200-x2.json.gz -o kernels/auto_tuned.json
+        reports/sweep/sweep-{ag_gemm-small,ag_gemm-large,flash_decode,gemm_rs}-h200-x{2,4}.json.gz \
+        reports/profile/gemm_rs-h200-x{2,4}.json.gz -o kernels/auto_tuned.json
 
 (one document per shape and machine: the repeated runs of a shape stay out of the table)
 """
