@@ -13,6 +13,9 @@
 #                                               # flash decode at the shapes docs/scaling.md quotes
 #   bash benchmarks/gpu_world.sh skew OUT       # how far apart the ranks leave dist.barrier and the start gate
 #                                               # (benchmarks/start_skew.py), to OUT/start_skew-GPU-xW.json
+#   bash benchmarks/gpu_world.sh tune OUT       # benchmarks/tune.py for each of TUNE (default: ag-gemm gemm-rs) at
+#                                               # world W, TUNE_ARGS passed on (e.g. --shape M=1024,N=8192,K=8192),
+#                                               # to OUT/WORKLOAD-tune.json (every candidate and the winners)
 #   bash benchmarks/gpu_world.sh ddp OUT        # benchmarks/ddp_known_answers.py at world W (DDP_CASES picks the
 #                                               # delays), to OUT/ddp-GPU-xW.json, the 3 ms cases' traces kept
 #   bash benchmarks/gpu_world.sh "planted profiles" OUT
@@ -22,10 +25,11 @@
 # inside one call's limit. A calibration is also saved where later calls on the same machine find it
 # (~/.config/taxes/profiles), so their profiles and sweeps are priced by it.
 #
-# Stages run in this order, whatever order they are named in: smoke, skew, calibrate, planted, profiles, sweep, ddp.
+# Stages run in this order, whatever order they are named in: smoke, skew, calibrate, planted, tune, profiles,
+# sweep, ddp.
 # Installs the carried wheels (.wheels) to /tmp/site and the project offline; NVLink multicast stays off.
 set -u
-stages=" ${1:?stage: smoke, skew, planted, calibrate, profiles, sweep or ddp (several: quoted, space-separated)} "
+stages=" ${1:?stage: smoke, skew, planted, calibrate, tune, profiles, sweep or ddp (several: quoted, space-separated)} "
 OUT=${2:-${OUT:-gpu-out}}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -107,6 +111,16 @@ if [[ "$stages" == *" planted "* ]]; then
         at "planted run $n"
         timeout "$t" taxes validate --planted --gpus "$W" --iters ${ITERS:-20} --clock cupti \
             -o "$OUT/$GPU-x$W-$n.json" --records "$OUT/$GPU-x$W-$n.records.json.gz" 2>&1 | tail -${TAIL:-25}
+    done
+fi
+
+if [[ "$stages" == *" tune "* ]]; then
+    for wl in ${TUNE:-ag-gemm gemm-rs}; do
+        t=$(cap ${TUNE_S:-280} 90)
+        [ "$t" = 0 ] && { at "tune $wl skipped: too little time left"; continue; }
+        at "tune $wl"
+        # shellcheck disable=SC2086  # TUNE_ARGS holds several arguments
+        timeout "$t" python3 benchmarks/tune.py "$wl" --gpus "$W" ${TUNE_ARGS:-} --out "$OUT" 2>&1 | tail -14
     done
 fi
 
