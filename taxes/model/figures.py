@@ -106,8 +106,9 @@ def copier_rate_bytes_per_us(hw: HardwareProfile, world: int, copier_ctas: int, 
     """Bytes per us a fused GEMM's producers deliver to one rank from all its peers: the link's achieved
     rate (p2p efficiency), capped where calibrate measured peer copies by a few CTAs at what copier_ctas
     CTAs move (figures peer_cta_gbps per CTA and peer_cta_max_gbps at most for a push's stores,
-    peer_cta_load_* for a pull's loads); copier_ctas 0 is the copy engine (figures peer_copy_gbps, from
-    each of the world - 1 peers)."""
+    peer_cta_load_* for a pull's loads); for a push, where calibrate measured the fused kernel's own copiers
+    beside its GEMM (copier_gemm_gbps by copier_gemm_ctas CTAs), that rate per CTA instead; copier_ctas 0 is
+    the copy engine (figures peer_copy_gbps, from each of the world - 1 peers)."""
     link = hw.inbound_bytes_per_us(world) * hw.p2p_efficiency
     figs = _figures(hw)
     if copier_ctas <= 0:
@@ -115,6 +116,11 @@ def copier_rate_bytes_per_us(hw: HardwareProfile, world: int, copier_ctas: int, 
         return min(link, engine * 1e3 * (world - 1)) if engine else link
     key = "peer_cta" if push else "peer_cta_load"
     per_cta, most = _number(figs.get(f"{key}_gbps")), _number(figs.get(f"{key}_max_gbps"))
+    beside, beside_ctas = _number(figs.get("copier_gemm_gbps")), _number(figs.get("copier_gemm_ctas"))
+    if push and beside and beside_ctas:
+        # measured as the kernel runs them (measure_copiers: every rank pushing to every peer beside its GEMM):
+        # per CTA at that count, scaled to copier_ctas, never above what CTAs alone reach
+        return min(link, beside / beside_ctas * copier_ctas * 1e3, most * 1e3 if most else math.inf)
     if per_cta is None:
         return link
     return min(link, per_cta * copier_ctas * 1e3, most * 1e3 if most else math.inf)

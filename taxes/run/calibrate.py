@@ -22,6 +22,7 @@ from taxes.run.calibration_measurements import (
     device_info,
     error_line,
     measure_combine,
+    measure_copiers,
     measure_hbm,
     measure_launch,
     measure_matmul,
@@ -61,7 +62,7 @@ def measure(ctx, quick: bool = False, progress_dir: str | None = None, figures=F
     readings["sleep_cycles_per_us"] = cycles
     steps = {"launch": measure_launch, "hbm": measure_hbm, "matmul": measure_matmul, "nccl": measure_nccl,
              "peer": measure_peer, "pingpong": measure_pingpong, "skew": measure_skew, "triton_gemm": measure_triton_gemm,
-             "combine": measure_combine}
+             "combine": measure_combine, "copiers": measure_copiers}
     for name in figures:
         if name in PAIR_FIGURES and ctx.world < 2:
             continue

@@ -488,3 +488,41 @@ def measure_skew(ctx, plan: Plan, cycles_per_us: float) -> dict:
     if ctx.rank != 0:
         return {}
     return {"stamps_ns": gathered.view(ctx.world, plan.skew_reps).tolist(), "collective_spread_us": spreads}
+
+
+def measure_copiers(ctx, plan: Plan, cycles_per_us: float, config=None) -> dict:
+    """The fused ag-gemm's copier CTAs beside its own GEMM, as the kernel runs them: every rank pushes its
+    plan.copier_rows rows (K = plan.copier_nk) to every peer while its other CTAs compute (N/p =
+    copier_nk / world columns), the kernel's default configuration unless `config`. Per timed call, the
+    copiers' last "copies done" after the kernel's first CTA started (its traced build's stamps); the output
+    is checked against float32 once. Peer copies by CTAs alone (measure_peer) overstate this rate when the
+    copiers share the links with every other rank's and the HBM with the GEMM."""
+    ctx.heap.reset()
+    p, rows, K = ctx.world, plan.copier_rows, plan.copier_nk
+    M, N_local = rows * p, K // p
+    dtype = torch.bfloat16
+    g = torch.Generator(device=ctx.device).manual_seed(23 + ctx.rank)
+    a_full = ctx.heap.alloc((M, K), dtype)
+    a_full.local.fill_(float("nan"))
+    a_full.local[ctx.rank * rows:(ctx.rank + 1) * rows] = torch.randn(rows, K, generator=g, device=ctx.device).to(dtype)
+    w_local = (torch.randn(K, N_local, generator=g, device=ctx.device) / K ** 0.5).to(dtype)
+    out = torch.full((M, N_local), float("nan"), dtype=dtype, device=ctx.device)
+    runner = ag.make_variant(ctx, "fused-push", M, N_local, K, dtype, config or ag.Config())
+    on_gpu = ctx.device.type == "cuda"
+    us, copiers = [], 0
+    for i in range(plan.warmup + plan.reps):
+        ctx.start_barrier()
+        runner(a_full, w_local, out, traced=True)
+        if on_gpu:
+            torch.cuda.synchronize()
+        ctas = runner.cta_trace_rows()
+        done = [r["copies_done_ns"] for r in ctas if r["copies_done_ns"] > 0]
+        if i >= plan.warmup and done:
+            us.append((max(done) - min(r["start_ns"] for r in ctas)) / 1e3)
+            copiers = len(done)
+    runner.check("the copiers' reading (fused all-gather + GEMM)")
+    ctx.barrier()
+    ref = ag.reference([a_full.peers[r][r * rows:(r + 1) * rows] for r in range(p)], w_local)
+    err = rel_error(out, ref)
+    return {"bytes": rows * K * torch.finfo(dtype).bits // 8 * (p - 1), "copiers": copiers, "us": us,
+            "shape": {"M": M, "N": K, "K": K}, "checked": bool(err < 2e-2), "rel_error": err}

@@ -275,15 +275,35 @@ def _derive_skew(rs, offsets: dict | None):
     return {"rank_skew_us": plausible(statistics.median(spreads), 0, 1e5, "rank skew us"), "rank_skew_method": method}
 
 
+def _derive_copiers(rs):
+    """What the fused ag-gemm's copier CTAs push out of a rank beside its own GEMM (measure_copiers): over the
+    ranks, the median of bytes / the median call's copy time, and how many copier CTAs did it."""
+    rates, ctas = [], []
+    for r in rs:
+        if not r.get("checked"):
+            raise CalibrationError("copiers: the fused kernel's output did not match float32 (rel. error "
+                                   f"{r.get('rel_error')}); its times are not used")
+        vals = valid_values(r.get("us"))
+        if vals and r.get("copiers"):
+            rates.append(r["bytes"] / statistics.median(vals) / 1e3)
+            ctas.append(int(r["copiers"]))
+    if not rates:
+        raise CalibrationError("copiers: no call with the copiers' stamps")
+    return {"copier_gemm_gbps": plausible(statistics.median(rates), 0.1, 1e5, "copiers beside the GEMM GB/s"),
+            "copier_gemm_ctas": max(ctas)}
+
+
 def derive_figures(ranks: list[dict], run_error: str | None = None) -> tuple[dict, dict]:
     """Every figure the readings support: (figures, {measurement: why it gave nothing})."""
     fig, failed = {}, {}
     world = max([int(r.get("world", 1)) for r in ranks] or [1])
 
-    def attempt(name, fn, *needs):
+    def attempt(name, fn, *needs, newer: bool = False):
         rs = _readings(ranks, name)
         if not rs and name in PAIR_FIGURES and world < 2:
             return  # nothing to measure on one GPU: not a failure
+        if not rs and newer and not _first_error(ranks, name):
+            return  # a figure older readings do not have: absent, not failed
         if not rs:
             failed[name] = _first_error(ranks, name) or (f"not measured ({run_error})" if run_error else "not measured")
             return
@@ -301,6 +321,7 @@ def derive_figures(ranks: list[dict], run_error: str | None = None) -> tuple[dic
     attempt("peer", _derive_peer)
     attempt("pingpong", _derive_pingpong)
     attempt("skew", lambda rs: _derive_skew(rs, fig.get("clock_offsets")))
+    attempt("copiers", _derive_copiers, newer=True)
     for method, why in fig.pop("peer_failed_methods", {}).items():
         failed[f"peer {method}"] = why
     return fig, failed

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FIGURES = ("launch", "hbm", "matmul", "nccl", "peer", "pingpong", "skew", "triton_gemm", "combine")
-PAIR_FIGURES = ("nccl", "peer", "pingpong", "skew")  # need 2 or more GPUs
+FIGURES = ("launch", "hbm", "matmul", "nccl", "peer", "pingpong", "skew", "triton_gemm", "combine", "copiers")
+PAIR_FIGURES = ("nccl", "peer", "pingpong", "skew", "copiers")  # need 2 or more GPUs
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ class Plan:
     rounds: int  # ping-pong round trips per reading
     pingpong_reps: int
     skew_reps: int
+    copier_rows: int = 1024  # rows of A per rank in the copiers' reading (a calibration shape of its own)
+    copier_nk: int = 4096  # its N and K
 
 
 FULL = Plan(reps=10, warmup=3, launches=200, nccl_sizes=tuple(4096 << i for i in range(17)), copy_bytes=1 << 30,
