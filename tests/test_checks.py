@@ -127,6 +127,25 @@ def test_measuring_cost_is_split_into_the_quickest_ranks_change_and_the_spreads(
     assert nums[0] == pytest.approx(4.0, abs=0.6) and nums[-1] == pytest.approx(50.0, abs=0.6)
 
 
+@pytest.mark.parametrize("traced_quick", [100.0, 103.0, 106.5])
+def test_a_fused_kernels_measuring_cost_splits_into_its_traced_build_and_the_clock(traced_quick):
+    import random
+
+    from taxes.documents.checks import measurement_split
+
+    rng = random.Random(int(traced_quick))
+    # the quickest rank: 100 us plain, traced_quick us with the traced build and no clock, 107 us under the clock
+    var = _two_rank_variant(rng, 100.0, 8.0, 107.0, 9.0)
+    var["traced_samples_us"] = _two_rank_variant(rng, traced_quick, 8.0, 0.0, 0.0)["samples_us"]
+    cause = measurement_split(var)
+    build = float(re.search(r"the traced build alone, without the clock, ([-+]\d+\.\d) us", cause).group(1))
+    clock = float(re.search(r"; the clock ([-+]\d+\.\d) us\)", cause).group(1))
+    assert build == pytest.approx(traced_quick - 100.0, abs=0.6)
+    assert clock == pytest.approx(107.0 - traced_quick, abs=0.6)
+    var["traced_samples_us"] = var["traced_samples_us"][:1]  # not every rank's: no split
+    assert "traced build" not in measurement_split(var)
+
+
 def test_a_cost_inside_the_spread_of_the_plain_rounds_is_named_the_runs_noise():
     import random
 

@@ -95,6 +95,9 @@ def case_document(results: list[dict], workload: str, world: int, dtype: str, hw
                                  "not timed with the per-kernel clock (" + (
                                      "it failed" if not ok else "no instrumented records") + ")"}}
         entry["plain_e2e_us"] = entry["e2e_us"]["iqm"]
+        traced = [r["variants"][j].get("traced_samples") or [] for r in results] if ok else []
+        if traced and all(traced):  # the fused kernel's traced build, timed without the clock (per rank)
+            entry["traced_samples_us"] = traced
         raws = {clock: [r["variants"][j]["raw"].get(clock) for r in results] for clock in v0.get("raw", {})}
         if ok and raws and all(all(x is not None for x in rs) for rs in raws.values()):
             v = runs_as(v0)

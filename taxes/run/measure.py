@@ -121,7 +121,8 @@ def _rank_case(ctx, job, shape: dict, clocks: dict, align=None) -> dict:
     for variant in job.variants:
         ctx.doing(f"{variant}: build and check")
         progress(ctx, job, f"{variant}: check")
-        res = {"variant": variant, "error": None, "rel_error": None, "samples": [], "raw": {}, "config": {}}
+        res = {"variant": variant, "error": None, "rel_error": None, "samples": [], "traced_samples": [], "raw": {},
+               "config": {}}
         holder = {}
 
         def build_and_check():
@@ -165,9 +166,20 @@ def _rank_case(ctx, job, shape: dict, clocks: dict, align=None) -> dict:
                 _instrumented_block(ctx, job.workload, case, variant, runner, n, warmup, clocks["main"], res, api,
                                     align)
 
+            def traced_plain():
+                # the fused kernel's traced build timed without the clock: the measurement cost splits into
+                # what the build's stamps cost and what the clock costs (taxes.documents.checks)
+                ctx.doing(f"{variant}: the traced build without the clock (round {r + 1} of {rounds})")
+                res["traced_samples"] += time_iterations(ctx, lambda *a: runner(*a, traced=True), case.inputs, n,
+                                                         warmup, label=f"{variant} traced", align=align)
+                if hasattr(runner, "check"):
+                    runner.check()
+
             # plain first in even rounds, instrumented first in odd ones: a drift of the host or the clocks
             # across a round falls on both kinds alike instead of on the measurement cost
             order = (plain, instrumented) if r % 2 == 0 else (instrumented, plain)
+            if runner is not None and takes_traced(runner) and get(job.workload, variant).fused:
+                order = (order[0], traced_plain, order[1])
             for block in order:
                 if block is plain or hasattr(runner, "phases"):
                     agree(ctx, res, block)
@@ -199,6 +211,16 @@ def _rank_case(ctx, job, shape: dict, clocks: dict, align=None) -> dict:
                                      if role == "communication"}) if runner is not None and hasattr(runner, "phases") else []
     built.clear()
     return out
+
+
+def takes_traced(runner) -> bool:
+    """Whether the runner has a traced build it runs when called with traced=True (the fused kernels')."""
+    import inspect
+
+    try:
+        return "traced" in inspect.signature(runner.__call__).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def build_variant(ctx, job, shape: dict, case, variant: str):
