@@ -24,9 +24,10 @@ then:
                       Plus the stretch of the rank's compute that ran beside a waiting collective (a
                       waiting NCCL kernel keeps its SMs: each kernel's duration less its own median where
                       it overlapped no wait, within its overlap with the waits; summed over the window,
-                      never below 0). Plus, inside fused kernels, the time the CTA that finished last spent
-                      waiting on peers (wait_us, from the kernel's own clocks), beyond the floor's
-                      unhideable link time; less start_skew.
+                      never below 0). Plus, inside fused kernels, their wait for peers (wait_us, from the
+                      kernel's own clocks: the longest any CTA waited, taxes.run.measure), at most the
+                      kernel's time beyond its own floor, beyond the floor's unhideable link time; less
+                      start_skew.
     exposed_transfer  exposed comm - its sync wait - the floor's unhideable link time
     ideal             the floor max(T_compute, T_link, T_hbm) (when a floor is given)          derived
     locality          intermediate bytes x time per byte (when given)                          derived
