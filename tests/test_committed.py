@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from committed import INDEX, ROOT, listed
 
-LIMIT_BYTES = 24 << 20  # well inside what travels with the tree to a GPU machine (64 MiB)
+LIMIT_BYTES = 20 << 20
 
 
 def test_every_committed_file_is_listed_and_every_listed_file_is_committed():
