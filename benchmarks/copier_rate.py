@@ -23,6 +23,8 @@ def copier_rates(records: dict, figures: dict | None = None) -> list[dict]:
     """One row per fused case without a delay and rank: copiers, copies done and kernel length (us, median
     over timed calls), bytes pushed per call, the achieved rate (GB/s) and, where figures are given, the rate
     16 such CTAs make alone by calibration (GB/s) and the ratio."""
+    from taxes.run.cases import copies_done_us
+
     out = []
     for key, ranks in records.items():
         if not (isinstance(ranks, list) and key.endswith(" 0") and " fused" in key):
@@ -36,13 +38,12 @@ def copier_rates(records: dict, figures: dict | None = None) -> list[dict]:
                 if it.get("warmup") or "ctas" not in it:
                     continue
                 for rows in it["ctas"].values():
-                    t0 = min(x[0] for x in rows)
-                    cop = [x for x in rows if x[5] > 0]
-                    if not cop:
+                    copied = copies_done_us(rows)
+                    if copied is None:
                         continue
-                    copiers = len(cop)
-                    done.append((max(x[5] for x in cop) - t0) / 1e3)
-                    length.append((max(x[1] for x in rows) - t0) / 1e3)
+                    copiers = copied[0]
+                    done.append(copied[1])
+                    length.append((max(x[1] for x in rows) - min(x[0] for x in rows)) / 1e3)
             if not done:
                 continue
             row = {"case": key, "rank": rank, "world": world, "shape": shape, "copier_ctas": copiers,

@@ -26,7 +26,7 @@ from taxes.model.calibrate.plan import (
     collective_worlds,
     matmul_shapes,
 )
-from taxes.run.cases import rel_error
+from taxes.run.cases import copies_done_us, cta_stamps, rel_error
 from taxes.run.harness import device_batch_us, device_calls_us
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels.flash_decode import combine_kernel
@@ -515,11 +515,10 @@ def measure_copiers(ctx, plan: Plan, cycles_per_us: float, config=None) -> dict:
         runner(a_full, w_local, out, traced=True)
         if on_gpu:
             torch.cuda.synchronize()
-        ctas = runner.cta_trace_rows()
-        done = [r["copies_done_ns"] for r in ctas if r["copies_done_ns"] > 0]
+        done = copies_done_us(next(iter(cta_stamps(runner).values())))
         if i >= plan.warmup and done:
-            us.append((max(done) - min(r["start_ns"] for r in ctas)) / 1e3)
-            copiers = len(done)
+            copiers, t = done
+            us.append(t)
     runner.check("the copiers' reading (fused all-gather + GEMM)")
     ctx.barrier()
     ref = ag.reference([a_full.peers[r][r * rows:(r + 1) * rows] for r in range(p)], w_local)

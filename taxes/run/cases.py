@@ -203,6 +203,15 @@ def checked_error(case: Case, runner) -> float:
     return rel_error(got, case.reference)
 
 
+def copies_done_us(rows: list) -> tuple[int, float] | None:
+    """One fused call's copiers, from its stored CTA stamps (cta_stamps' rows): (how many CTAs copied, us from
+    the earliest CTA's start to the last copier's copies done); None where no CTA copied."""
+    done = [r[5] for r in rows if r[5] > 0]
+    if not done:
+        return None
+    return len(done), (max(done) - min(r[0] for r in rows)) / 1e3
+
+
 def cta_stamps(runner) -> dict | None:
     """The last traced call of a fused runner, per CTA, as stored beside its waits so that any rule for the
     in-kernel wait can be read again later: {phase: [[start, end, data wait, peer wait, tiles, copies done],
