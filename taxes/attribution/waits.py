@@ -15,8 +15,8 @@ from taxes.traces.timeline import Timeline, covered, gaps, merge
 
 def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0) -> pd.DataFrame:
     """One row per (collective instance, rank): key, rank, activity (its index in that rank's activities),
-    arrival_us, end_us, wait_us (how much longer the rank's collective took than the quickest rank's, at most
-    the latest arrival minus its own), n_ranks, matched, lead_us (the latest arrival minus its own). An
+    arrival_us, end_us, wait_us (how much longer the rank's collective took than the last rank to arrive took,
+    at most the latest arrival minus its own), n_ranks, matched, lead_us (the latest arrival minus its own). An
     instance is matched when every rank that has it ran it at overlapping times (each rank's end no earlier
     than the latest arrival, within tolerance_us): a collective cannot finish before its last rank arrives.
     Unmatched instances get no wait; they are listed, not guessed."""
@@ -39,13 +39,15 @@ def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0) -> p
     earliest_end = df.groupby("key")["end_us"].transform("min")
     df["n_ranks"] = df.groupby("key")["rank"].transform("count")
     df["matched"] = (df["n_ranks"] > 1) & (earliest_end >= latest - tolerance_us)
-    # A rank's wait is how much longer its collective took than the quickest rank's (the one that waited
-    # least, in general the last to arrive), at most its lead over the last arrival: an early rank's kernel
-    # does its own set-up while it waits, so the lead alone overstates what waiting cost it (by about 12 us
-    # of a 2-rank NCCL all-gather on H100s: reports/known_answer/, docs/method.md)
+    # A rank's wait is how much longer its collective took than the rank that arrived last (which waited for
+    # nobody), at most its lead over that arrival: an early rank's kernel does its own set-up while it waits,
+    # so the lead alone overstates what waiting cost it (by about 12 us of a 2-rank NCCL all-gather on H100s:
+    # reports/known_answer/, docs/method.md). Not the quickest rank's: the least of p noisy durations sits
+    # below a typical one, and at 4 GPUs that read every wait a late peer made 1-2 us low.
     dur = df["end_us"] - df["arrival_us"]
-    quickest = dur.groupby(df["key"]).transform("min")
-    wait = np.minimum(latest - df["arrival_us"], dur - quickest)
+    last = df.groupby("key")["arrival_us"].idxmax()
+    ref = df["key"].map(pd.Series(dur.loc[last].to_numpy(), index=df.loc[last, "key"].to_numpy()))
+    wait = np.minimum(latest - df["arrival_us"], dur - ref)
     df["wait_us"] = np.where(df["matched"], np.clip(wait, 0.0, None), 0.0)
     df["lead_us"] = np.where(df["matched"], np.clip(latest - df["arrival_us"], 0.0, None), 0.0)
     return df[cols + ["lead_us"]]
