@@ -281,3 +281,17 @@ def test_an_iteration_start_aligned_on_the_devices_is_run_and_said(monkeypatch):
     # 2 ranks x (plain: 1 warm-up + 3, instrumented: 1 warm-up + 3)
     assert n == 2 * (4 + 4), n
 
+
+
+def test_fused_and_other_variants_take_turns_in_each_round():
+    # the timing order puts a bulk-synchronous variant between two fused ones wherever the numbers allow,
+    # each kind keeping its own order; what is left of the more numerous kind comes last
+    from taxes.run.measure import alternate_fused
+
+    names = ["all-bsp", "all-graph", "all-fused-eager", "all-fused"]
+    fused = {"all-fused-eager", "all-fused", "x"}
+    assert alternate_fused(names, fused.__contains__) == ["all-fused-eager", "all-bsp", "all-fused", "all-graph"]
+    got = alternate_fused(names + ["x"], fused.__contains__)
+    assert got == ["all-fused-eager", "all-bsp", "all-fused", "all-graph", "x"]
+    assert alternate_fused(["a", "b", "c"], lambda n: False) == ["a", "b", "c"]
+    assert sorted(alternate_fused(names, lambda n: n.endswith("graph"))) == sorted(names)

@@ -15,7 +15,7 @@ then:
                       while waiting absorbs the harness's skew first; inside fused kernels, the wait up to
                       the skew
     sync_wait         per collective instance matched across ranks (same `collective` key, overlapping in
-                      time): how much longer this rank's collective took than the quickest rank's, at most
+                      time): how much longer this rank's collective took than the last rank to arrive took, at most
                       the latest arrival (start) minus this rank's; of that wait, the part that held the
                       rank's next compute kernel: the last stretch of it without compute (where compute
                       resumed inside the wait, the idle before was the rank's own host's), at most the
