@@ -99,16 +99,16 @@ def test_emulated_profile_interleaves_the_variants_in_rounds(monkeypatch):
     validate(doc)
     assert doc["metadata"]["rounds"] == 2
     samples = {v["variant"]: v["samples_us"] for v in doc["cases"][0]["variants"]}
-    # round 1: 3 plain iterations of bsp (call 0), its instrumented block (1), then fused-push's plain (2),
-    # its traced build without the clock (3) and its instrumented block (4); round 2 puts each variant's
-    # instrumented block first (5, 7), fused-push's traced build in the middle (8) and the 2 plain
-    # iterations last (6, 9)
+    # fused and other variants take turns, the fused one first (taxes.run.measure.alternate_fused). Round 1:
+    # 3 plain iterations of fused-push (call 0), its traced build without the clock (1) and its instrumented
+    # block (2), then bsp's plain (3) and instrumented block (4); round 2 puts each variant's instrumented
+    # block first (5, 8), fused-push's traced build in the middle (6) and the 2 plain iterations last (7, 9)
     traced = {v["variant"]: v.get("traced_samples_us") for v in doc["cases"][0]["variants"]}
     assert traced["bsp"] is None  # no traced build: no such block
     for rank in (0, 1):
-        assert samples["bsp"][rank] == [0.0] * 3 + [6.0] * 2
-        assert samples["fused-push"][rank] == [2.0] * 3 + [9.0] * 2
-        assert traced["fused-push"][rank] == [3.0] * 3 + [8.0] * 2
+        assert samples["bsp"][rank] == [3.0] * 3 + [9.0] * 2
+        assert samples["fused-push"][rank] == [0.0] * 3 + [7.0] * 2
+        assert traced["fused-push"][rank] == [1.0] * 3 + [6.0] * 2
     for v in doc["cases"][0]["variants"]:
         assert v["correctness"]["passed"]
         # the instrumented iterations, per rank, too: 5 timed windows in each rank's timeline

@@ -148,8 +148,8 @@ def _rank_case(ctx, job, shape: dict, clocks: dict, align=None) -> dict:
     api = "none" if cupti_here else "warmup"
     rounds = max(1, min(job.rounds, job.iters))
     blocks = round_sizes(job.iters, rounds)
-    timed = alternate_fused(built, lambda item: get(job.workload, getattr(item[2], "picked_variant", None)
-                                                    or item[0]).fused)
+    timed = alternate_fused(built, lambda item: (getattr(item[2], "picked_variant", None)
+                                                 or get(job.workload, item[0])).fused)
     for r, n in enumerate(blocks):
         warmup = job.warmup if r == 0 else min(job.warmup, 2)
         last = r == rounds - 1
