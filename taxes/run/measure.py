@@ -148,8 +148,7 @@ def _rank_case(ctx, job, shape: dict, clocks: dict, align=None) -> dict:
     api = "none" if cupti_here else "warmup"
     rounds = max(1, min(job.rounds, job.iters))
     blocks = round_sizes(job.iters, rounds)
-    timed = alternate_fused(built, lambda item: (getattr(item[2], "picked_variant", None)
-                                                 or get(job.workload, item[0])).fused)
+    timed = alternate_fused(built, lambda item: variant_run(job.workload, item[0], item[2]).fused)
     for r, n in enumerate(blocks):
         warmup = job.warmup if r == 0 else min(job.warmup, 2)
         last = r == rounds - 1
@@ -244,6 +243,11 @@ def takes_traced(runner) -> bool:
         return False
 
 
+def variant_run(workload: str, variant: str, runner):
+    """The variant a runner runs: fused-auto's pick (taxes.run.auto.AutoRunner), else the variant itself."""
+    return getattr(runner, "picked_variant", None) or get(workload, variant)
+
+
 def build_variant(ctx, job, shape: dict, case, variant: str):
     """The variant's runner; for fused-auto, the runner of the variant it picks here (taxes.run.auto)."""
     if get(job.workload, variant).rung != "auto":
@@ -267,7 +271,7 @@ def gpu_kind_here(ctx) -> str:
 
 def _instrumented_block(ctx, workload: str, case, variant: str, runner, n: int, warmup: int, clock: str,
                         res: dict, api: str = "warmup", align=None) -> None:
-    v = getattr(runner, "picked_variant", None) or get(workload, variant)  # fused-auto: the variant it runs
+    v = variant_run(workload, variant, runner)
     raw = record_iterations(ctx, runner, case.inputs, n, warmup, make_recorder(clock, ctx.device.type == "cuda", api),
                             graph=v.graphed, fused=v.fused, trace_of=critical_waits if v.fused else None,
                             align=align)
