@@ -16,9 +16,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim import Launch, run
+from sim import Launch, Sim, run
 from taxes.attribution.attribute import ROWS, attribute
+from taxes.attribution.waits import own_durations
 from taxes.traces.records import assemble_ranks, on_one_clock, raw_from_columns, raw_to_columns, shifted
+from taxes.traces.timeline import timeline
 
 
 def one(rows, rank, step=0):
@@ -249,6 +251,75 @@ def test_a_wait_is_measured_against_the_last_arrivals_duration_not_the_quickest_
     truth0 = with_late[0].windows.loc[0, "end_us"] - on_time[0].windows.loc[0, "end_us"]
     assert one(after, 0)["sync_wait"] - one(before, 0)["sync_wait"] == pytest.approx(truth0 - 0.7)
     assert one(after, 1)["sync_wait"] == pytest.approx(0.0)
+
+
+def _steps_of_collectives(own: dict, late_by: dict, steps: int, seed: int, D: float = 60.0, setup: float = 12.0,
+                          last_of=lambda s: s % 4):
+    """4 ranks, `steps` iterations of a GEMM then a reduce-scatter, one timeline per rank. In step s the ranks
+    reach the collective up to 3 us apart, rank last_of(s) last, then rank 1 later by late_by.get(s, 0). The
+    collective ends D after the last arrival, less the set-up an early rank did while waiting (up to `setup`),
+    plus the rank's own offset own[rank] (its own reductions: a rank's duration when it arrives last is
+    D + own[rank]). Returns (timelines, {(rank, step): the collective's end})."""
+    rng = random.Random(seed)
+    per_rank = {r: ([], [], [], []) for r in range(4)}
+    ends = {}
+    for s in range(steps):
+        t0 = 1000.0 * s + 100.0
+        offset = {r: (3.0 if r == last_of(s) else rng.uniform(0.0, 2.5)) for r in range(4)}
+        offset[1] += late_by.get(s, 0.0)
+        tls = [run([Launch("gemm", dur_us=50.0), Launch("rs", dur_us=0.0, comm="nccl", collective=f"g:{s}",
+                                                        not_before_us=t0 + 60.0 + offset[r])],
+                   sim=Sim(t0=t0), rank=r, step=s) for r in range(4)]
+        arrive = [tl.activities.loc[1, "start_us"] for tl in tls]
+        last = max(arrive)
+        for r, (tl, t) in enumerate(zip(tls, arrive)):
+            end = last + D - min(setup, last - t) + own[r]
+            tl.activities.loc[1, "end_us"] = end
+            tl.windows.loc[0, "end_us"] = end
+            ends[(r, s)] = end
+            for part, frame in zip(per_rank[r], (tl.activities, tl.launches, tl.host, tl.windows)):
+                part.append(frame)
+    tls = [timeline(r, *(pd.concat(p, ignore_index=True) for p in per_rank[r])) for r in range(4)]
+    return tls, ends
+
+
+OWN = {0: -0.7, 1: 0.0, 2: 0.5, 3: 0.3}  # each rank's own offset of the collective's duration, us
+
+
+@pytest.mark.parametrize("late", [20.0, 100.0])
+def test_a_wait_is_measured_against_the_ranks_own_duration_when_it_waited_for_nobody(late):
+    # ranks take turns arriving last, so each rank's own duration without a wait is in the record; rank 1 is
+    # then `late` us later in every step (last in each: the other ranks' own durations come from the run
+    # without the delay). Truth: how much later each waiting rank's collective ends than on time, per step.
+    # The last arrival's duration as the reference reads each waiting rank off by its own offset less rank 1's.
+    steps = 20  # each rank last in 5
+    on_time, e0 = _steps_of_collectives(OWN, {}, steps, seed=1)
+    with_late, e1 = _steps_of_collectives(OWN, {s: late for s in range(steps)}, steps, seed=1)
+    base = attribute(on_time)
+    reference = own_durations(base.collectives)
+    assert {k for k in reference} == {(r, "rs#0") for r in range(4)}
+    after = attribute(with_late, collective_reference=reference).rows
+    for rank in (0, 2, 3):
+        for s in range(steps):
+            truth = e1[(rank, s)] - e0[(rank, s)]
+            assert one(after, rank, s)["sync_wait"] - one(base.rows, rank, s)["sync_wait"] == pytest.approx(truth)
+            adds_up(one(after, rank, s))
+    assert after[after["rank"] == 1]["sync_wait"].max() == pytest.approx(0.0)
+
+
+def test_where_a_rank_is_late_only_sometimes_its_peers_own_durations_come_from_the_same_record():
+    # one record, rank 1 late by 40 us in odd steps only: no reference is passed, the waiting ranks' own
+    # durations are read from the even steps, where they took turns arriving last (each 5 times)
+    steps = 40
+    late = {s: 40.0 for s in range(1, steps, 2)}
+    turns = lambda s: (s // 2) % 4  # noqa: E731
+    plain, e0 = _steps_of_collectives(OWN, {}, steps, seed=2, last_of=turns)
+    mixed, e1 = _steps_of_collectives(OWN, late, steps, seed=2, last_of=turns)
+    rows0, rows1 = attribute(plain).rows, attribute(mixed).rows
+    for rank in (0, 2, 3):
+        for s in late:
+            truth = e1[(rank, s)] - e0[(rank, s)]
+            assert one(rows1, rank, s)["sync_wait"] - one(rows0, rank, s)["sync_wait"] == pytest.approx(truth)
 
 
 def test_a_rank_that_was_not_early_gets_no_wait_from_a_longer_collective():

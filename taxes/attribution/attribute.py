@@ -93,7 +93,7 @@ class Attribution:
 
 def attribute(timelines: list[Timeline], floor: Floor | None = None, locality_bytes: float | dict | None = None,
               us_per_byte: float | None = None, launch_latency_us: float | None = None, jobs: int = 1,
-              aligned_starts: bool = False) -> Attribution:
+              aligned_starts: bool = False, collective_reference: dict | None = None) -> Attribution:
     """Every window of every rank -> rows. floor: the step's floor (None: no ideal or inefficiency rows);
     locality_bytes: intermediate bytes per step (a number, {step: bytes} or {(rank, step): bytes});
     us_per_byte: HBM time per byte; launch_latency_us: overrides the latency estimated from each timeline;
@@ -101,7 +101,9 @@ def attribute(timelines: list[Timeline], floor: Floor | None = None, locality_by
     aligned_starts: the windows of one step are one iteration that every rank began together after a host
     barrier (taxes profile's isolated iterations): the wait that the ranks' own start skew explains is its
     row, `start_skew`, not sync wait. Ranks whose timelines say their clocks are not aligned
-    (meta["clock_aligned"] False) are not matched at collectives: their sync wait is not measured."""
+    (meta["clock_aligned"] False) are not matched at collectives: their sync wait is not measured.
+    collective_reference: each rank's own durations of its collectives without a wait, measured in another part
+    of the same run (taxes.attribution.waits.own_durations), where these timelines have too few of their own."""
     notes = []
     if len(timelines) > 1 and not all(tl.meta.get("clock_aligned", True) for tl in timelines):
         coll = match_collectives([])
@@ -109,7 +111,7 @@ def attribute(timelines: list[Timeline], floor: Floor | None = None, locality_by
                      "skew not measured")
         aligned_starts = False
     else:
-        coll = match_collectives(timelines)
+        coll = match_collectives(timelines, reference=collective_reference)
     skews = start_skews(timelines) if aligned_starts and len(timelines) > 1 else {}
     args = []
     for tl in timelines:

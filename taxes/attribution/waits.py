@@ -13,13 +13,19 @@ import pandas as pd
 from taxes.traces.timeline import Timeline, covered, gaps, merge
 
 
-def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0) -> pd.DataFrame:
+OWN_REFERENCE_MIN = 5  # instances a rank must have arrived last at before its own duration is its reference
+
+
+def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0, reference: dict | None = None) -> pd.DataFrame:
     """One row per (collective instance, rank): key, rank, activity (its index in that rank's activities),
-    arrival_us, end_us, wait_us (how much longer the rank's collective took than the last rank to arrive took,
-    at most the latest arrival minus its own), n_ranks, matched, lead_us (the latest arrival minus its own). An
-    instance is matched when every rank that has it ran it at overlapping times (each rank's end no earlier
-    than the latest arrival, within tolerance_us): a collective cannot finish before its last rank arrives.
-    Unmatched instances get no wait; they are listed, not guessed."""
+    arrival_us, end_us, wait_us (how much longer the rank's collective took than it takes the rank when it
+    waits for nobody, at most the latest arrival minus its own), n_ranks, matched, lead_us (the latest arrival
+    minus its own), cls (the collective's place in the program: its kernel's name and occurrence in the step,
+    None without steps), last (the rank arrived last). An instance is matched when every rank that has it ran
+    it at overlapping times (each rank's end no earlier than the latest arrival, within tolerance_us): a
+    collective cannot finish before its last rank arrives. Unmatched instances get no wait; they are listed,
+    not guessed. reference: {(rank, cls): us} of durations without a wait measured elsewhere in the same run
+    (own_durations of another part of it), used where this part has too few of its own."""
     parts = []
     for tl in timelines:
         a = tl.activities
@@ -28,29 +34,66 @@ def match_collectives(timelines: list[Timeline], tolerance_us: float = 1.0) -> p
             continue
         # a collective on one rank may span several activities (e.g. NCCL's kernel and a copy): its arrival
         # is the first start, its end the last end
-        g = sel.reset_index().groupby("collective").agg(activity=("index", "first"), arrival_us=("start_us", "min"),
-                                                        end_us=("end_us", "max"))
-        parts.append(g.reset_index().rename(columns={"collective": "key"}).assign(rank=tl.rank))
-    cols = ["key", "rank", "activity", "arrival_us", "end_us", "wait_us", "n_ranks", "matched"]
+        sel = sel.reset_index()
+        named = "name" in sel and "step" in sel
+        agg = dict(activity=("index", "first"), arrival_us=("start_us", "min"), end_us=("end_us", "max"))
+        if named:
+            agg |= dict(name=("name", "first"), step=("step", "first"))
+        g = sel.groupby("collective").agg(**agg).reset_index().rename(columns={"collective": "key"})
+        if named:
+            g = g.sort_values("arrival_us", kind="stable")
+            occurrence = g.groupby(["step", "name"], dropna=False).cumcount()
+            g["cls"] = [None if pd.isna(s) else f"{n}#{k}" for n, s, k in
+                        zip(g["name"], g["step"], occurrence)]
+            g = g.drop(columns=["name", "step"]).sort_index()
+        else:
+            g["cls"] = None
+        parts.append(g.assign(rank=tl.rank))
+    cols = ["key", "rank", "activity", "arrival_us", "end_us", "wait_us", "n_ranks", "matched", "lead_us", "cls",
+            "last"]
     if not parts:
-        return pd.DataFrame(columns=cols + ["lead_us"])
+        return pd.DataFrame(columns=cols)
     df = pd.concat(parts, ignore_index=True)
     latest = df.groupby("key")["arrival_us"].transform("max")
     earliest_end = df.groupby("key")["end_us"].transform("min")
     df["n_ranks"] = df.groupby("key")["rank"].transform("count")
     df["matched"] = (df["n_ranks"] > 1) & (earliest_end >= latest - tolerance_us)
-    # A rank's wait is how much longer its collective took than the rank that arrived last (which waited for
-    # nobody), at most its lead over that arrival: an early rank's kernel does its own set-up while it waits,
-    # so the lead alone overstates what waiting cost it (by about 12 us of a 2-rank NCCL all-gather on H100s:
-    # reports/known_answer/, docs/method.md). Not the quickest rank's: the least of p noisy durations sits
-    # below a typical one, and at 4 GPUs that read every wait a late peer made 1-2 us low.
-    dur = df["end_us"] - df["arrival_us"]
     last = df.groupby("key")["arrival_us"].idxmax()
-    ref = df["key"].map(pd.Series(dur.loc[last].to_numpy(), index=df.loc[last, "key"].to_numpy()))
+    df["last"] = False
+    df.loc[last.to_numpy(), "last"] = True
+    # A rank's wait is how much longer its collective took than it takes that rank when it waits for nobody
+    # (its median duration where it arrived last, at that place in the program), at most its lead over the last
+    # arrival: an early rank's kernel does its own set-up while it waits, so the lead alone overstates what
+    # waiting cost it (by 12-16 us of a 2-rank NCCL collective: reports/known_answer/, docs/method.md). Ranks
+    # differ in their own durations (a 2-rank reduce-scatter on H200s: 89.2 us on rank 0, 90.9 on rank 1, each
+    # arriving last), so another rank's duration is a reference only where the rank has too few of its own:
+    # then the last arrival's, which waited for nobody (not the quickest rank's: the least of p noisy
+    # durations sits below a typical one, and at 4 GPUs that read every wait a late peer made 1-2 us low).
+    dur = df["end_us"] - df["arrival_us"]
+    ref_last = df["key"].map(pd.Series(dur.loc[last].to_numpy(), index=df.loc[last, "key"].to_numpy()))
+    table = dict(reference or {}) | own_durations(df.assign(dur_us=dur))
+    own = pd.Series([table.get((r, c), np.nan) if c is not None else np.nan for r, c in zip(df["rank"], df["cls"])],
+                    index=df.index, dtype=float)
+    ref = own.fillna(ref_last)
     wait = np.minimum(latest - df["arrival_us"], dur - ref)
     df["wait_us"] = np.where(df["matched"], np.clip(wait, 0.0, None), 0.0)
     df["lead_us"] = np.where(df["matched"], np.clip(latest - df["arrival_us"], 0.0, None), 0.0)
-    return df[cols + ["lead_us"]]
+    return df[cols]
+
+
+def own_durations(coll: pd.DataFrame) -> dict:
+    """{(rank, cls): median duration, us} of each rank's collectives at one place in the program where it
+    arrived last (waited for nobody), matched across ranks, where it did so at least OWN_REFERENCE_MIN times.
+    coll: match_collectives' frame (its durations from end_us - arrival_us where no dur_us is given)."""
+    if coll.empty or "cls" not in coll:
+        return {}
+    c = coll[coll["last"].astype(bool) & coll["matched"].astype(bool) & coll["cls"].notna()]
+    if c.empty:
+        return {}
+    dur = c["dur_us"] if "dur_us" in c else c["end_us"] - c["arrival_us"]
+    g = dur.groupby([c["rank"], c["cls"]]).agg(["median", "size"])
+    g = g[g["size"] >= OWN_REFERENCE_MIN]
+    return {(int(r), str(k)): float(v) for (r, k), v in g["median"].items()}
 
 
 def start_skews(timelines: list[Timeline]) -> dict:

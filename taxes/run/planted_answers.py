@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 
 from taxes.attribution import attribute as att
+from taxes.attribution.waits import own_durations
 from taxes.run.measure import FUSED_WAIT_RULES, waits_by_rule
 from taxes.traces.records import assemble_ranks, phase_order
 
@@ -13,15 +14,17 @@ TOLERANCE = 0.10
 TOLERANCE_US = 2.0
 
 
-def attributed(per_rank: list[dict], graph_phases: list | None = None) -> dict:
+def attributed(per_rank: list[dict], graph_phases: list | None = None, reference: dict | None = None) -> dict:
     """Combine every rank's measurement of one runner (on one clock): the rows of every rank, and per rank
     its own statistics ("by_rank": rank -> {rows, e2e_us (its own instrumented span), plain_us (its own
     plain samples), busy_us, launch_path_us}, each the interquartile mean over that rank's iterations);
-    beside them the overall view (per iteration the slowest rank: rows, e2e_us, plain_us)."""
+    beside them the overall view (per iteration the slowest rank: rows, e2e_us, plain_us); "reference": each
+    rank's own durations of its collectives where it waited for nobody (taxes.attribution.waits.own_durations),
+    which `reference` supplies from another runner's iterations of the same run where these have too few."""
     tls = assemble_ranks([m["raw"] for m in per_rank], graph_phases, comm_phases=per_rank[0]["comm"])
     m0 = per_rank[0]
     a = att.attribute(tls, locality_bytes=m0["locality_bytes"] or None, us_per_byte=m0["us_per_byte"],
-                      aligned_starts=True)
+                      aligned_starts=True, collective_reference=reference)
     s = att.summarize(a.rows)
     plains = [m.get("plain") or [] for m in per_rank]
     plain = att.iqm([max(v) for v in zip(*plains)]) if all(plains) else None
@@ -38,7 +41,7 @@ def attributed(per_rank: list[dict], graph_phases: list | None = None) -> dict:
             "busy_us": float(kept.groupby("step")["busy_us"].max().mean()) if len(kept) else 0.0,
             "launch_path_us": by_rank[tls[0].rank]["launch_path_us"] if tls else 0.0,
             "launch_latency_us": float(a.rows["launch_latency_us"].median()) if len(a.rows) else None,
-            "by_rank": by_rank, "notes": a.notes}
+            "by_rank": by_rank, "notes": a.notes, "reference": own_durations(a.collectives)}
 
 
 def graph_row(eager: dict, graph: dict, plain_ladder: float | None = None) -> dict:
@@ -209,10 +212,19 @@ def late_rows(results: list[dict]) -> list[dict]:
     rows = []
     keys = [k for k in results[0] if k.endswith(" 0") and k.split(" ")[-2:-1] in (["device"], ["host"])
             and isinstance(results[0][k], dict) and "how" in results[0][k]]
+    # each rank's own durations of its collectives where it waited for nobody, from the runner's runs without
+    # a delay (both kinds): the late rank is last in every iteration of a delayed run, and the host-delay runs
+    # are late by the gate's own few us even without one, so a waiting rank arrives last only there
+    references: dict = {}
+    for base_key in sorted(keys, key=lambda k: k.split(" ")[2] != "device"):
+        wl, variant = base_key.split(" ")[:2]
+        own = attributed([r[base_key] for r in results], _twin(results, base_key))["reference"]
+        references[(wl, variant)] = own | references.get((wl, variant), {})
     for base_key in keys:
         wl, variant, how0 = base_key.split(" ")[:3]
         base_twin = _twin(results, base_key)
-        base = attributed([r[base_key] for r in results], base_twin)
+        reference = references[(wl, variant)]
+        base = attributed([r[base_key] for r in results], base_twin, reference)
         late = results[0][base_key]["late"]
         waiting = [r for r in range(len(results)) if r != late]
         skew = statistics.fmean(base["by_rank"][r]["rows"]["start_skew"] for r in range(len(results)))
@@ -220,7 +232,9 @@ def late_rows(results: list[dict]) -> list[dict]:
             m1 = results[late][key]
             how, x = m1["how"], m1["x_us"]
             twin = _twin(results, key)
-            run = attributed([r[key] for r in results], twin)
+            # the late rank is last in every iteration, so the waiting ranks' own durations without a wait come
+            # from the same run's iterations without a delay
+            run = attributed([r[key] for r in results], twin, reference)
             by_rule = {rule: _rule_change(results, {base_key: base_twin, key: twin}, rule, stamps_only=True)
                        for rule in FUSED_WAIT_RULES}
             # the held rule from the stamps where they were kept, else as older runs recorded it
