@@ -190,5 +190,8 @@ if [[ "$stages" == *" ddp "* ]]; then
 fi
 
 at "done"
-# at most eight files come back from a call: everything in one archive (the short tables above are on stdout)
-( cd "$OUT" && tar czf /tmp/bundle.tgz . && find . -type f -delete && mv /tmp/bundle.tgz "bundle-$GPU-x$W.tgz" && ls -la )
+# at most eight files of 16 MiB come back from a call: everything in one archive, in 15 MiB parts where it is
+# larger (cat bundle-*.tgz.part-* | tar xz), the short tables above on stdout
+( cd "$OUT" && tar czf /tmp/bundle.tgz . && find . -mindepth 1 -delete \
+    && if [ "$(stat -c %s /tmp/bundle.tgz)" -gt 15728640 ]; then split -b 15M -d /tmp/bundle.tgz "bundle-$GPU-x$W.tgz.part-"; \
+       rm /tmp/bundle.tgz; else mv /tmp/bundle.tgz "bundle-$GPU-x$W.tgz"; fi && ls -la )
