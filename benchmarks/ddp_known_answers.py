@@ -3,8 +3,9 @@ X ms on the host or on the device, traced by `taxes trace` under torchrun, again
 
 Per case: is the late rank named the straggler, and is the waiting ranks' sync wait, minus the no-delay run's,
 within 15% of their plain step's change (the truth: CUDA-event step times of the steps run without a record,
-measured by the trace hook, independently of the attribution)? Also what the record cost (profiled step over
-plain step). Writes one JSON (each case as it ends) and prints a table last.
+measured by the trace hook, independently of the attribution)? Also what the record cost: the profiled steps
+over the plain ones, on-time steps against on-time steps and late against late (record_cost). Writes one JSON
+(each case as it ends) and prints a table last.
 
 With --period P (the default, 1) the late rank is late only in steps i with (i // P) odd, so late and on-time
 steps interleave within one run (the hook's plain and profiled blocks each hold both): the truth is the
@@ -134,15 +135,40 @@ def judge_interleaved(case: dict, late_rank: int, period: int) -> dict:
             seen.append(statistics.median(spans_late) - statistics.median(spans_on))
     t, x = statistics.mean(truth), statistics.mean(rec)
     named = case.get("straggler") == late_rank
+    cost = record_cost(case, period)
     within = t > 0 and abs(x - t) <= LIMIT * t
     out = {"truth_us": t, "recovered_us": x, "error": (x / t - 1) if t else None, "named": named,
-           "ok": bool(named and within)}
+           "ok": bool(named and within), **cost}
     if len(seen) == len(truth):
         # the same change in the profiled steps themselves (their spans, not the rows): where it and the plain
         # one differ, recording moved the program, not the rule; rule_ok holds the rows to it
         s_ = statistics.mean(seen)
         out.update(profiled_truth_us=s_, recording_moved_us=s_ - t,
                    rule_ok=bool(s_ > 0 and abs(x - s_) <= LIMIT * s_))
+    return out
+
+
+def record_cost(case: dict, period: int) -> dict:
+    """What the record costs a step, like for like: per rank, the profiled steps' median span less the plain
+    steps' median, on-time steps against on-time steps and late against late, as a fraction of the plain
+    median (over the ranks: the mean, and the largest). The run's own measurement cost compares all plain
+    steps with all profiled ones, and its plain steps hold fewer late ones (the steps after each switch back to
+    plain, all late here, are kept apart), so it grows with the delay: not the record's."""
+    per = {"on_time": [], "late": []}
+    for r, st in case.get("steps", {}).items():
+        plain = list(zip(st["plain_steps"], st["plain_step_us"]))
+        spans = [(st["profiled_steps"][w["step"]], w["span_us"]) for w in case.get("step_sync_wait_us", [])
+                 if str(w["rank"]) == r and w["step"] < len(st["profiled_steps"]) and w.get("span_us")]
+        for kind, is_late in (("on_time", False), ("late", True)):
+            p = [us for s, us in plain if late_step(s, period) == is_late]
+            q = [us for s, us in spans if late_step(s, period) == is_late]
+            if p and q:
+                per[kind].append(statistics.median(q) / statistics.median(p) - 1.0)
+    out = {}
+    for kind, v in per.items():
+        if v:
+            out[f"record_cost_{kind}"] = statistics.mean(v)
+            out[f"record_cost_{kind}_max"] = max(v)
     return out
 
 
@@ -194,7 +220,7 @@ def main():
             r["verdict"] = verdict(r, results[0], args.gpus - 1, args.period)
         out.write_text(json.dumps({"metadata": meta, "cases": results}, indent=1))
     print(f"{'case':>12} {'exit':>4} {'plain r0':>9} {'plain rN':>9} {'sync r0':>8} {'straggler':>9} "
-          f"{'cost':>6} {'truth':>7} {'recov':>7} ok")
+          f"{'cost':>6} {'truth':>7} {'recov':>7} ok   record cost like for like (on time, late; the largest rank)")
     for r in results:
         ps, sw, v = r.get("plain_step_us", {}), r.get("sync_wait_us", {}), r.get("verdict", {})
         cost = (r["measurement_cost_us"] / r["plain_e2e_us"]) if r.get("measurement_cost_us") and r.get("plain_e2e_us") else None
@@ -202,7 +228,8 @@ def main():
         print(f"{r['late_on'] + ':' + format(r['late_ms'], 'g'):>12} {r['exit']:>4} {ps.get('0', float('nan')):9.0f} "
               f"{ps.get(last, float('nan')):9.0f} {sw.get('0', float('nan')):8.0f} {str(r.get('straggler')):>9} "
               f"{'' if cost is None else format(cost, '+.1%'):>6} {v.get('truth_us', float('nan')):7.0f} "
-              f"{v.get('recovered_us', float('nan')):7.0f} {v.get('ok', '')}")
+              f"{v.get('recovered_us', float('nan')):7.0f} {v.get('ok', '')} "
+              f"{v.get('record_cost_on_time_max', float('nan')):+.1%} {v.get('record_cost_late_max', float('nan')):+.1%}")
 
 
 if __name__ == "__main__":

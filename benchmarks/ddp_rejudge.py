@@ -39,6 +39,8 @@ def rejudge(doc: dict, traces: Path) -> dict:
         case_dir = traces / (f"{c['late_on']}-{c['late_ms']:g}ms" if c["late_ms"] else "none")
         if not case_dir.is_dir():
             c["verdict_rules"] = "the run's (its traces were not kept)"
+            if c["late_ms"] and meta.get("period", 0) and "steps" in c:  # step times need no rule
+                c.setdefault("verdict", {}).update(dk.record_cost(c, meta["period"]))
             continue
         c["verdict_at_run"] = c.get("verdict_at_run", c.get("verdict"))
         c.update(dk.analysis_of(analyse(case_dir)["trace_analysis"]))

@@ -1,5 +1,6 @@
 """Waits at collectives, across ranks and on one: which instances match, how long each rank waited at each
-(match_collectives), how much of a window's wait the harness's start skew made (start_skews, harness_wait),
+(match_collectives, against each rank's own duration where it waited for nobody: own_durations), how much of a
+window's wait the harness's start skew made (start_skews, harness_wait),
 how much of a wait held the rank's own next kernel (binding_wait), and how much longer the rank's compute ran
 beside a collective that waited (wait_stretch). taxes.attribution.attribute turns them
 into rows; docs/method.md states each rule with the known answer that checks it.

@@ -213,8 +213,8 @@ def late_rows(results: list[dict]) -> list[dict]:
     keys = [k for k in results[0] if k.endswith(" 0") and k.split(" ")[-2:-1] in (["device"], ["host"])
             and isinstance(results[0][k], dict) and "how" in results[0][k]]
     # each rank's own durations of its collectives where it waited for nobody, from the runner's runs without
-    # a delay (both kinds): the late rank is last in every iteration of a delayed run, and the host-delay runs
-    # are late by the gate's own few us even without one, so a waiting rank arrives last only there
+    # a delay: the late rank is last in every iteration of a delayed run, and in the host-delay runner's run
+    # without a delay it is still a few us late (its gate), so the device-delay runner's comes first
     references: dict = {}
     for base_key in sorted(keys, key=lambda k: k.split(" ")[2] != "device"):
         wl, variant = base_key.split(" ")[:2]
