@@ -217,42 +217,6 @@ def test_an_early_ranks_set_up_done_while_it_waits_is_not_sync_wait(late, setup)
     adds_up(one(rows, 0))
 
 
-@pytest.mark.parametrize("late", [20.0, 100.0])
-def test_a_wait_is_measured_against_the_last_arrivals_duration_not_the_quickest_ranks(late):
-    # 4 ranks arrive a few us apart (rank 1 last), each early one doing up to 12 us of set-up while it waits;
-    # the collective ends D after the last arrival, less that set-up, plus a rank's own offset: rank 0's
-    # collective always ends 0.7 us sooner, ranks 2 and 3 0.5 and 0.3 us later (their own reductions). Rank 1
-    # is then made `late` us later. Truth: how much later each waiting rank's collective ends than on time.
-    D, setup = 60.0, 12.0
-    offset = {0: 0.0, 1: 3.0, 2: 1.0, 3: 2.0}  # arrival, us after 160
-    own = {0: -0.7, 1: 0.0, 2: 0.5, 3: 0.3}
-
-    def ranks(lateness):
-        tls = []
-        for rank in range(4):
-            at = 160.0 + offset[rank] + (lateness if rank == 1 else 0.0)
-            ks = [Launch("gemm", dur_us=50.0), Launch("rs", dur_us=0.0, comm="nccl", collective="g:1", not_before_us=at)]
-            tls.append(run(ks, rank=rank))
-        arrive = [tl.activities.loc[1, "start_us"] for tl in tls]
-        last = max(arrive)
-        for rank, (tl, t) in enumerate(zip(tls, arrive)):
-            end = last + D - min(setup, last - t) + own[rank]
-            tl.activities.loc[1, "end_us"] = end
-            tl.windows.loc[0, "end_us"] = end
-        return tls
-
-    on_time, with_late = ranks(0.0), ranks(late)
-    before, after = attribute(on_time).rows, attribute(with_late).rows
-    for rank in (2, 3):  # later than the last arrival's own: their change is recovered exactly
-        truth = with_late[rank].windows.loc[0, "end_us"] - on_time[rank].windows.loc[0, "end_us"]
-        assert one(after, rank)["sync_wait"] - one(before, rank)["sync_wait"] == pytest.approx(truth)
-    # rank 0's collective is quicker than the last arrival's by 0.7 us: a rank's own duration without a wait
-    # is not in the record when it always waits, so its wait reads that much low (docs/method.md)
-    truth0 = with_late[0].windows.loc[0, "end_us"] - on_time[0].windows.loc[0, "end_us"]
-    assert one(after, 0)["sync_wait"] - one(before, 0)["sync_wait"] == pytest.approx(truth0 - 0.7)
-    assert one(after, 1)["sync_wait"] == pytest.approx(0.0)
-
-
 def _steps_of_collectives(own: dict, late_by: dict, steps: int, seed: int, D: float = 60.0, setup: float = 12.0,
                           last_of=lambda s: s % 4):
     """4 ranks, `steps` iterations of a GEMM then a reduce-scatter, one timeline per rank. In step s the ranks
@@ -284,6 +248,26 @@ def _steps_of_collectives(own: dict, late_by: dict, steps: int, seed: int, D: fl
 
 
 OWN = {0: -0.7, 1: 0.0, 2: 0.5, 3: 0.3}  # each rank's own offset of the collective's duration, us
+
+
+@pytest.mark.parametrize("late", [20.0, 100.0])
+def test_a_wait_is_measured_against_the_last_arrivals_duration_not_the_quickest_ranks(late):
+    # one step: 4 ranks arrive a few us apart (rank 1 last), each early one doing up to 12 us of set-up while it
+    # waits; the collective ends 60 us after the last arrival, less that set-up, plus a rank's own offset (OWN:
+    # rank 0's collective always ends 0.7 us sooner, ranks 2 and 3 0.5 and 0.3 us later, their own reductions).
+    # Rank 1 is then made `late` us later. Truth: how much later each waiting rank's collective ends than on
+    # time. One step holds too few instances of a rank's own duration, so the last arrival's is the reference.
+    on_time, e0 = _steps_of_collectives(OWN, {}, 1, seed=0, last_of=lambda s: 1)
+    with_late, e1 = _steps_of_collectives(OWN, {0: late}, 1, seed=0, last_of=lambda s: 1)
+    before, after = attribute(on_time).rows, attribute(with_late).rows
+    for rank in (2, 3):  # later than the last arrival's own: their change is recovered exactly
+        truth = e1[(rank, 0)] - e0[(rank, 0)]
+        assert one(after, rank)["sync_wait"] - one(before, rank)["sync_wait"] == pytest.approx(truth)
+    # rank 0's collective is quicker than the last arrival's by 0.7 us: a rank's own duration without a wait
+    # is not in the record when it always waits, so its wait reads that much low (docs/method.md)
+    truth0 = e1[(0, 0)] - e0[(0, 0)]
+    assert one(after, 0)["sync_wait"] - one(before, 0)["sync_wait"] == pytest.approx(truth0 - 0.7)
+    assert one(after, 1)["sync_wait"] == pytest.approx(0.0)
 
 
 @pytest.mark.parametrize("late", [20.0, 100.0])
