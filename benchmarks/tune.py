@@ -75,6 +75,12 @@ def ag_gemm_candidates(variant: str, shape: dict, world: int, base: dict, produc
         fracs = (8, 2) if variant == "fused-push" else (16, 8, 4)
         ce = sorted({c for c in (shard_rows // f for f in fracs) if c >= 16 and shard_rows % c == 0}) or [shard_rows]
         out += [base | {"producer": "copy-engine", "chunk_rows": c} for c in ce]
+    # split-K where the per-rank GEMM has fewer output tiles than CTAs: each candidate cut into 2 and 4 K
+    # slices too (benchmarks/gemm_vs_cublas.py --split-k measures the GEMM alone)
+    tiles = (shape["M"] // cfg.block_m) * -(-(shape["N"] // world) // cfg.block_n)
+    if tiles < grid and "split_k" not in base:
+        out += [o | {"split_k": s} for o in list(out) for s in (2, 4)
+                if tiles * s <= 2 * grid and shape["K"] % (s * cfg.block_k) == 0]
     return out
 
 

@@ -89,6 +89,7 @@ class Config:
     warp_spec: bool = False  # tl.range(warp_specialize=True) on the K loop
     flatten: bool = False  # static schedule: tl.range(flatten=True), the next tile's loads overlap this epilogue
     split_epilogue: bool = False  # store the output tile as two halves (half the shared memory)
+    split_k: int = 1  # K slices per output tile (split-K): a handful of tiles then still fills the SMs
 
 
 TUNED_FILE = Path(__file__).with_name("ag_gemm_tuned.json")
@@ -135,8 +136,25 @@ def nearest_tuned(config_cls, rows: list[dict], M: int):
 # ---- the host side --------------------------------------------------------------------------------
 
 
+class SplitK:
+    """Split-K's workspace for one (M, N_local) and configuration: a float32 partial per output tile and
+    K slice, and per tile a count of its finished slices (the last slice resets it). Empty at split_k=1."""
+
+    def __init__(self, cfg: Config, M: int, N_local: int, device: torch.device):
+        n_tiles = (M // cfg.block_m) * triton.cdiv(N_local, cfg.block_n) if cfg.split_k > 1 else 0
+        self.partials = torch.empty(max(1, n_tiles * cfg.split_k * cfg.block_m * cfg.block_n), dtype=torch.float32,
+                                    device=device)
+        self.tile_counts = torch.zeros(max(1, n_tiles), dtype=torch.int32, device=device)
+
+
+def check_split_k(cfg: Config, K: int) -> None:
+    """Refuse a split that does not cut K into whole block_k steps."""
+    if cfg.split_k < 1 or K % (cfg.split_k * cfg.block_k):
+        raise ValueError(f"K={K} is not a multiple of split_k={cfg.split_k} x block_k={cfg.block_k}")
+
+
 def _bind(cfg: Config, grid: int, descs: DescriptorCache, a, w, out, bases, flags, aux, counters, err, rank: int,
-          chunk_rows: int, budget: int, world: int = 1, push: bool = False, external: bool = False,
+          chunk_rows: int, budget: int, split: SplitK, world: int = 1, push: bool = False, external: bool = False,
           trace: tuple | None = None) -> BoundLaunch:
     """ag_gemm_fused_kernel for out = a @ w with a's rows gathered over `world` ranks, bound to these
     buffers (kernels/launch.py); trace = (cta_trace, tile_trace) int64 buffers binds the traced build."""
@@ -145,11 +163,12 @@ def _bind(cfg: Config, grid: int, descs: DescriptorCache, a, w, out, bases, flag
     cta_trace, tile_trace = trace if trace is not None else (counters, counters)
     args = (descs.get(a, [cfg.block_m, cfg.block_k]), descs.get(w, [cfg.block_k, cfg.block_n]),
             descs.get(out, [cfg.block_m, cfg.block_n // (2 if cfg.split_epilogue else 1)]),
-            a, bases, flags, aux, counters, err, cta_trace, tile_trace, rank, M, w.shape[1], K, chunk_rows, budget)
+            a, bases, flags, aux, counters, err, cta_trace, tile_trace, split.partials, split.tile_counts,
+            rank, M, w.shape[1], K, chunk_rows, budget)
     constants = dict(
         WORLD=world, PUSH=push, COPIERS=cfg.copiers, COPIERS_JOIN=cfg.copiers_join, EXTERNAL_PRODUCER=external,
         GRID=grid, STATIC=cfg.static, WARP_SPEC=cfg.warp_spec, FLATTEN=cfg.flatten, SPLIT_EPILOGUE=cfg.split_epilogue,
-        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, COPY_BLOCK=cfg.copy_block,
+        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, COPY_BLOCK=cfg.copy_block,
         TRACE=trace is not None, INTERPRET=interp, DOT_F32=interp, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return BoundLaunch(ag_gemm_fused_kernel, (grid,), args, constants)
@@ -185,6 +204,7 @@ class AgGemmFused:
         chunk = min(cfg.chunk_rows, shard)
         if shard % chunk:
             raise ValueError(f"M/p={shard} is not a multiple of chunk_rows={chunk}")
+        check_split_k(cfg, K)
         self.grid = cfg.grid or sm_count_of(ctx.device)
         if cfg.copiers >= self.grid:
             raise ValueError(f"copiers={cfg.copiers} leaves none of {self.grid} CTAs for the GEMM")
@@ -204,6 +224,7 @@ class AgGemmFused:
         n_tiles = M // cfg.block_m * triton.cdiv(N_local, cfg.block_n)
         self.cta_trace = torch.zeros(self.grid * CTA_TRACE_WORDS.value, dtype=torch.int64, device=ctx.device)
         self.tile_trace = torch.zeros(n_tiles, dtype=torch.int64, device=ctx.device)
+        self.split = SplitK(cfg, M, N_local, ctx.device)
         # Launches bound per set of buffers (kernels/launch.py): descriptors and arguments made once
         self._descs = DescriptorCache()
         self._bound = BoundedCache()
@@ -256,7 +277,8 @@ class AgGemmFused:
         pairs: per peer and chunk this rank's rows, then the stamp into the peer's flag of the chunk."""
         ctx, p = self.ctx, self.ctx.world
         launch = _bind(self.cfg, self.grid, self._descs, a_full.local, w_local, out, ctx.heap.bases, self.flags.local,
-                       self.aux.local, self.counters, self.err, ctx.rank, self.chunk_rows, self.budget, p, self.push,
+                       self.aux.local, self.counters, self.err, ctx.rank, self.chunk_rows, self.budget, self.split, p,
+                       self.push,
                        self.external, (self.cta_trace, self.tile_trace) if traced else None)
         pushes = []
         if self.external:
@@ -287,7 +309,8 @@ class AgGemmFused:
 
     def cta_trace_rows(self) -> list[dict]:
         """The last traced call, per CTA: start/end (globaltimer ns), ns waiting for data chunks and for
-        peers (ready/free), tiles computed, and when its copies were done (ns, 0: not a copier)."""
+        peers (ready/free), work units computed (tiles, or tile K slices under split-K), and when its copies
+        were done (ns, 0: not a copier)."""
         rows = self.cta_trace.view(-1, CTA_TRACE_WORDS.value).tolist()
         keys = ("start_ns", "end_ns", "data_wait_ns", "peer_wait_ns", "tiles", "copies_done_ns")
         return [dict(zip(keys, r)) for r in rows]
@@ -358,6 +381,13 @@ class PersistentGemm:
         self.epoch = 0
         self._descs = DescriptorCache()
         self._bound = BoundedCache()  # launches bound per (a, w, out), as in AgGemmFused
+        self._splits: dict[tuple, SplitK] = {}
+
+    def workspace(self, M: int, N_local: int) -> SplitK:
+        """The split-K workspace of an M x N_local output (one per output shape)."""
+        if (M, N_local) not in self._splits:
+            self._splits[(M, N_local)] = SplitK(self.cfg, M, N_local, self.device)
+        return self._splits[(M, N_local)]
 
     def __call__(self, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         key = (buffer_key(a), buffer_key(w), buffer_key(out))
@@ -366,8 +396,10 @@ class PersistentGemm:
             M = a.shape[0]
             if M % self.cfg.block_m:
                 raise ValueError(f"M={M} is not a multiple of block_m={self.cfg.block_m}")
+            check_split_k(self.cfg, a.shape[1])
             launch = self._bound.put(key, _bind(self.cfg, self.grid, self._descs, a, w, out, self.bases, self.dummy,
-                                                self.dummy, self.counters, self.err, 0, chunk_rows=M, budget=1))
+                                                self.dummy, self.counters, self.err, 0, chunk_rows=M, budget=1,
+                                                split=self.workspace(M, w.shape[1])))
         self.epoch += 1
         launch()
         return out

@@ -39,12 +39,17 @@ def _tile_coords(t, rank, num_m_shard, num_n, WORLD: tl.constexpr, GROUP_M: tl.c
 
 
 @triton.jit
-def _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, trace_ptr, rank, epoch, K, shard_rows, chunk_rows,
-               n_chunks, num_m_shard, num_n, budget, WORLD: tl.constexpr, FLAG_SCOPE: tl.constexpr, BM: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, WARP_SPEC: tl.constexpr,
-               SPLIT_EPILOGUE: tl.constexpr, TRACE: tl.constexpr, INTERPRET: tl.constexpr, DOT_F32: tl.constexpr):
-    """One output tile: wait for the chunks holding its rows of A (peer rows only), then the K loop.
-    Traced: the tile's wait (ns) goes to trace_ptr[t]. Returns the ns waited (0 untraced)."""
+def _gemm_tile(u, a_desc, w_desc, c_desc, flags_ptr, err_ptr, trace_ptr, partials_ptr, tile_counts_ptr, rank, epoch,
+               K, shard_rows, chunk_rows, n_chunks, num_m_shard, num_n, budget, WORLD: tl.constexpr,
+               FLAG_SCOPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+               SPLIT_K: tl.constexpr, WARP_SPEC: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr, TRACE: tl.constexpr,
+               INTERPRET: tl.constexpr, DOT_F32: tl.constexpr):
+    """One work unit: slice u % SPLIT_K of K for output tile u // SPLIT_K. Wait for the chunks holding the
+    tile's rows of A (peer rows only), then the K loop over the slice; with SPLIT_K > 1 the last slice of a
+    tile to finish adds the others' float32 partials (_split_k_fixup) and stores the tile.
+    Traced: the wait (ns) of a tile's first slice goes to trace_ptr[tile]. Returns the ns waited (0 untraced)."""
+    t = u // SPLIT_K
+    split = u % SPLIT_K
     pm, pn, shard = _tile_coords(t, rank, num_m_shard, num_n, WORLD, GROUP_M)
     waited = tl.zeros((), tl.int64)
     if shard != rank:
@@ -57,21 +62,36 @@ def _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, trace_ptr, rank, e
         if TRACE:
             waited = globaltimer_ns(INTERPRET) - t0
     if TRACE:
-        tl.store(trace_ptr + t, waited)
+        if split == 0:
+            tl.store(trace_ptr + t, waited)
     off_m = pm * BM
     off_n = pn * BN
+    k_slice = K // SPLIT_K
+    k_lo = split * k_slice
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     if WARP_SPEC:
-        for k in tl.range(0, K, BK, warp_specialize=True):
+        for k in tl.range(k_lo, k_lo + k_slice, BK, warp_specialize=True):
             acc = tl.dot(a_desc.load([off_m, k]), w_desc.load([k, off_n]), acc)
     else:
-        for k in range(0, K, BK):
+        for k in range(k_lo, k_lo + k_slice, BK):
             a = a_desc.load([off_m, k])
             b = w_desc.load([k, off_n])
             if DOT_F32:  # Triton 3.6's interpreter multiplies bf16 wrongly; float32 is exact there
                 acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
             else:
                 acc = tl.dot(a, b, acc)
+    if SPLIT_K > 1:
+        acc, last = _split_k_fixup(acc, t, split, partials_ptr, tile_counts_ptr, BM, BN, SPLIT_K)
+        if last:
+            _store_tile(acc, c_desc, off_m, off_n, BM, BN, SPLIT_EPILOGUE)
+    else:
+        _store_tile(acc, c_desc, off_m, off_n, BM, BN, SPLIT_EPILOGUE)
+    return waited
+
+
+@triton.jit
+def _store_tile(acc, c_desc, off_m, off_n, BM: tl.constexpr, BN: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr):
+    """The output tile through TMA, whole or as two half-width stores (half the shared memory)."""
     if SPLIT_EPILOGUE:  # two half-width stores: half the shared memory for the output tile
         acc = tl.reshape(acc, (BM, 2, BN // 2))
         acc = tl.permute(acc, (0, 2, 1))
@@ -80,18 +100,40 @@ def _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, trace_ptr, rank, e
         c_desc.store([off_m, off_n + BN // 2], right.to(c_desc.dtype))
     else:
         c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
-    return waited
+
+
+@triton.jit
+def _split_k_fixup(acc, t, split, partials_ptr, tile_counts_ptr, BM: tl.constexpr, BN: tl.constexpr,
+                   SPLIT_K: tl.constexpr):
+    """Split-K: every slice of tile t but the last to finish leaves its float32 partial in
+    partials[t, split]; the last (the one whose count of finished slices reaches SPLIT_K) adds them in slice
+    order (the same sum whichever slice is last), resets the tile's count for the next call and returns
+    (sum, True). Others return (acc, False)."""
+    offs = tl.arange(0, BM)[:, None].to(tl.int64) * BN + tl.arange(0, BN)[None, :]
+    base = partials_ptr + (t.to(tl.int64) * SPLIT_K) * (BM * BN)
+    tl.store(base + split * (BM * BN) + offs, acc)
+    tl.debug_barrier()  # every thread's part of the partial is stored before the count says so
+    done = tl.atomic_add(tile_counts_ptr + t, 1, sem="acq_rel", scope="gpu")
+    last = done == SPLIT_K - 1
+    if last:
+        total = tl.zeros((BM, BN), dtype=tl.float32)
+        for s in range(SPLIT_K):
+            total += tl.load(base + s * (BM * BN) + offs, cache_modifier=".cg")
+        acc = total
+        tl.store(tile_counts_ptr + t, 0)  # every slice of this call has counted: none reads it again
+    return acc, last
 
 
 @triton.jit(do_not_specialize=["rank", "budget"])
 def ag_gemm_fused_kernel(
     a_desc, w_desc, c_desc,  # TMA: gathered A (M x K), local W (K x N_local), C (M x N_local)
-    a_ptr, bases, flags_ptr, aux_ptr, counters_ptr, err_ptr, cta_trace_ptr, tile_trace_ptr,
+    a_ptr, bases, flags_ptr, aux_ptr, counters_ptr, err_ptr, cta_trace_ptr, tile_trace_ptr, partials_ptr, tile_counts_ptr,
     rank, M, N_local, K, chunk_rows, budget,
     WORLD: tl.constexpr, PUSH: tl.constexpr, COPIERS: tl.constexpr, COPIERS_JOIN: tl.constexpr,
     EXTERNAL_PRODUCER: tl.constexpr, GRID: tl.constexpr, STATIC: tl.constexpr, WARP_SPEC: tl.constexpr,
     FLATTEN: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, COPY_BLOCK: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+    COPY_BLOCK: tl.constexpr,
     TRACE: tl.constexpr, INTERPRET: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -156,23 +198,25 @@ def ag_gemm_fused_kernel(
     # -- the GEMM: a persistent loop over tiles, this rank's rows first
     num_m_shard = shard_rows // BM
     num_n = tl.cdiv(N_local, BN)
-    num_tiles = WORLD * num_m_shard * num_n
+    num_units = WORLD * num_m_shard * num_n * SPLIT_K  # a tile's K slices are consecutive units
     first_gemm_pid = 0 if COPIERS_JOIN else COPIERS
     if pid >= first_gemm_pid:
-        if STATIC:  # fixed round-robin: tile t goes to program first_gemm_pid + t % (GRID - first_gemm_pid)
-            for t in tl.range(pid - first_gemm_pid, num_tiles, GRID - first_gemm_pid, flatten=FLATTEN):
-                data_wait += _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, tile_trace_ptr, rank, epoch, K,
-                                        shard_rows, chunk_rows, n_chunks, num_m_shard, num_n, budget, WORLD, FLAG_SCOPE,
-                                        BM, BN, BK, GROUP_M, WARP_SPEC, SPLIT_EPILOGUE, TRACE, INTERPRET, DOT_F32)
+        if STATIC:  # fixed round-robin: unit u goes to program first_gemm_pid + u % (GRID - first_gemm_pid)
+            for u in tl.range(pid - first_gemm_pid, num_units, GRID - first_gemm_pid, flatten=FLATTEN):
+                data_wait += _gemm_tile(u, a_desc, w_desc, c_desc, flags_ptr, err_ptr, tile_trace_ptr, partials_ptr,
+                                        tile_counts_ptr, rank, epoch, K, shard_rows, chunk_rows, n_chunks, num_m_shard,
+                                        num_n, budget, WORLD, FLAG_SCOPE, BM, BN, BK, GROUP_M, SPLIT_K, WARP_SPEC,
+                                        SPLIT_EPILOGUE, TRACE, INTERPRET, DOT_F32)
                 n_tiles_done += 1
-        else:  # a queue: an atomic counter whose epoch-relative value is the next tile
-            t = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
-            while t < num_tiles:
-                data_wait += _gemm_tile(t, a_desc, w_desc, c_desc, flags_ptr, err_ptr, tile_trace_ptr, rank, epoch, K,
-                                        shard_rows, chunk_rows, n_chunks, num_m_shard, num_n, budget, WORLD, FLAG_SCOPE,
-                                        BM, BN, BK, GROUP_M, WARP_SPEC, SPLIT_EPILOGUE, TRACE, INTERPRET, DOT_F32)
+        else:  # a queue: an atomic counter whose epoch-relative value is the next unit
+            u = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
+            while u < num_units:
+                data_wait += _gemm_tile(u, a_desc, w_desc, c_desc, flags_ptr, err_ptr, tile_trace_ptr, partials_ptr,
+                                        tile_counts_ptr, rank, epoch, K, shard_rows, chunk_rows, n_chunks, num_m_shard,
+                                        num_n, budget, WORLD, FLAG_SCOPE, BM, BN, BK, GROUP_M, SPLIT_K, WARP_SPEC,
+                                        SPLIT_EPILOGUE, TRACE, INTERPRET, DOT_F32)
                 n_tiles_done += 1
-                t = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
+                u = tl.atomic_add(counters_ptr, 1, sem="relaxed", scope="gpu")
 
     # -- the last CTA to finish: push tells every peer this rank is done reading its a_full; then the
     # queue is reset and the epoch published (no CTA of this call touches the counters any more)

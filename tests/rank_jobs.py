@@ -43,7 +43,8 @@ def ag_gemm_job(ctx, variant, cfg, M, N, K, dtype_name, seed, calls=2, wait_s=30
         if traced:  # every tile computed exactly once, by some CTA, and recorded against its source rank
             tiles = sum(row["tiles"] for row in run.cta_trace_rows())
             sources = [src for src, _ in run.tile_waits()]
-            assert tiles == len(sources) == (M // run.cfg.block_m) * -(-(N // p) // run.cfg.block_n), tiles
+            n_tiles = (M // run.cfg.block_m) * -(-(N // p) // run.cfg.block_n)
+            assert tiles == n_tiles * run.cfg.split_k and len(sources) == n_tiles, tiles  # units: tiles x K slices
             assert sorted(set(sources)) == list(range(p))
         ctx.barrier()
     return errors

@@ -35,12 +35,14 @@ CASES = [
     ("fused-push-graph", ag.replace(SMALL, producer="copy-engine")),  # its guard stamps the epoch on the device
     ("fused-push", ag.replace(SMALL, static=True)),  # round-robin tiles, copiers do not join
     ("fused-pull", ag.replace(SMALL, copiers=1, split_epilogue=True, block_n=32)),  # one copier joins the GEMM
+    ("fused-push", ag.replace(SMALL, split_k=2)),  # two K slices per tile, the last to finish adds them
+    ("fused-pull", ag.replace(SMALL, split_k=2, static=True)),
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
-@pytest.mark.parametrize("variant,cfg", CASES, ids=[f"{v}-{c.producer}-{'static' if c.static else 'queue'}-c{c.copiers}"
+@pytest.mark.parametrize("variant,cfg", CASES, ids=[f"{v}-{c.producer}-{'static' if c.static else 'queue'}-c{c.copiers}-k{c.split_k}"
                                                     for v, c in CASES])
 def test_variant_matches_float32_reference(variant, cfg, world):
     dtype = "bf16" if world == 1 else "fp16"
@@ -156,6 +158,8 @@ def test_shapes_the_fused_kernel_cannot_tile_are_refused():
         ag.AgGemmFused(Ctx(), 63, 16, 16, push=True, config=SMALL)
     with pytest.raises(ValueError, match="not a multiple of block_m"):
         ag.AgGemmFused(Ctx(), 40, 16, 16, push=True, config=SMALL)
+    with pytest.raises(ValueError, match="K=48 is not a multiple of split_k=2 x block_k=16"):
+        ag.AgGemmFused(Ctx(), 64, 16, 48, push=True, config=ag.replace(SMALL, split_k=2))
 
 
 @pytest.mark.slow
@@ -209,14 +213,16 @@ def test_a_tiling_taken_from_another_shape_leaves_no_more_than_half_the_sms_idle
             assert M % cfg.block_m == 0 and (8192 // world) % cfg.block_n == 0
 
 
-def test_persistent_gemm_alone():
-    gemm = ag.PersistentGemm(torch.device("cpu"), ag.replace(SMALL, grid=3))
-    g = torch.Generator().manual_seed(3)
-    a = torch.randn(48, 32, generator=g).to(torch.bfloat16)
-    w = torch.randn(32, 40, generator=g).to(torch.bfloat16)
-    for _ in range(2):
+@pytest.mark.parametrize("split_k", [1, 2, 4])
+def test_persistent_gemm_alone(split_k):
+    gemm = ag.PersistentGemm(torch.device("cpu"), ag.replace(SMALL, grid=3, split_k=split_k))
+    g = torch.Generator().manual_seed(3 + split_k)
+    a = torch.randn(48, 64, generator=g).to(torch.bfloat16)
+    w = torch.randn(64, 40, generator=g).to(torch.bfloat16)
+    for _ in range(2):  # the second call finds every tile's count of finished slices back at zero
         out = gemm(a, w, torch.full((48, 40), float("nan"), dtype=torch.bfloat16))
         assert rel_error(out, a.float() @ w.float()) < 1e-2
+        assert int(gemm.workspace(48, 40).tile_counts.sum()) == 0
 
 
 @pytest.mark.gpu

@@ -70,3 +70,14 @@ def test_ag_gemm_candidates_vary_copiers_chunks_and_producers():
     pull = tune.ag_gemm_candidates("fused-pull", shape, 8, {"num_stages": 4}, ("copy-engine",))
     assert {c["producer"] for c in pull} == {"ctas"} and sorted({c["copiers"] for c in pull}) == [16, 32, 48, 64]
     assert all(c["num_stages"] == 4 for c in pull)
+
+
+def test_ag_gemm_candidates_split_k_only_where_the_per_rank_gemm_is_under_a_wave():
+    big = tune.ag_gemm_candidates("fused-push", {"M": 8192, "N": 8192, "K": 8192}, 2, {}, ("ctas",))
+    assert all(c.get("split_k", 1) == 1 for c in big)  # 32 x 16 tiles of 128 x 256: several waves
+    small = tune.ag_gemm_candidates("fused-push", {"M": 512, "N": 8192, "K": 8192}, 4, {}, ("ctas",))
+    plain = [c for c in small if "split_k" not in c]
+    assert sorted({c.get("split_k") for c in small if "split_k" in c}) == [2, 4]
+    assert len(small) == 3 * len(plain)  # each candidate also cut into 2 and 4 K slices
+    odd_k = tune.ag_gemm_candidates("fused-push", {"M": 512, "N": 8192, "K": 192}, 4, {}, ("ctas",))
+    assert all(c.get("split_k", 1) == 1 for c in odd_k)  # 192 = 3 x 64: no whole K slices of 2 or 4
