@@ -105,21 +105,20 @@ def _store_tile(acc, c_desc, off_m, off_n, BM: tl.constexpr, BN: tl.constexpr, S
 @triton.jit
 def _split_k_fixup(acc, t, split, partials_ptr, tile_counts_ptr, BM: tl.constexpr, BN: tl.constexpr,
                    SPLIT_K: tl.constexpr):
-    """Split-K: every slice of tile t but the last to finish leaves its float32 partial in
-    partials[t, split]; the last (the one whose count of finished slices reaches SPLIT_K) adds them in slice
-    order (the same sum whichever slice is last), resets the tile's count for the next call and returns
-    (sum, True). Others return (acc, False)."""
-    offs = tl.arange(0, BM)[:, None].to(tl.int64) * BN + tl.arange(0, BN)[None, :]
+    """Split-K: every slice of tile t leaves its float32 partial in partials[t, split] and counts itself
+    done; the last to count adds the other slices' partials to its own (in slice order), resets the tile's
+    count for the next call and returns (sum, True). Others return (acc, False). At split_k 2 the sum is
+    the same whichever slice is last; beyond, the last float32 bit may differ from run to run."""
+    offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]  # int32 within a tile: fewer registers
     base = partials_ptr + (t.to(tl.int64) * SPLIT_K) * (BM * BN)
     tl.store(base + split * (BM * BN) + offs, acc)
     tl.debug_barrier()  # every thread's part of the partial is stored before the count says so
     done = tl.atomic_add(tile_counts_ptr + t, 1, sem="acq_rel", scope="gpu")
     last = done == SPLIT_K - 1
     if last:
-        total = tl.zeros((BM, BN), dtype=tl.float32)
-        for s in range(SPLIT_K):
-            total += tl.load(base + s * (BM * BN) + offs, cache_modifier=".cg")
-        acc = total
+        for s in tl.static_range(SPLIT_K):
+            if s != split:
+                acc += tl.load(base + s * (BM * BN) + offs, cache_modifier=".cg")
         tl.store(tile_counts_ptr + t, 0)  # every slice of this call has counted: none reads it again
     return acc, last
 
