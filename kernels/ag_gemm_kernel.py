@@ -103,23 +103,50 @@ def _store_tile(acc, c_desc, off_m, off_n, BM: tl.constexpr, BN: tl.constexpr, S
 
 
 @triton.jit
+def _halves(x, BM: tl.constexpr, BN: tl.constexpr):
+    """An (BM, BN) tile as its left and right (BM, BN/2) halves."""
+    return tl.split(tl.permute(tl.reshape(x, (BM, 2, BN // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _joined(left, right, BM: tl.constexpr, BN: tl.constexpr):
+    """The (BM, BN) tile of two (BM, BN/2) halves (_halves' inverse)."""
+    return tl.reshape(tl.permute(tl.join(left, right), (0, 2, 1)), (BM, BN))
+
+
+@triton.jit
 def _split_k_fixup(acc, t, split, partials_ptr, tile_counts_ptr, BM: tl.constexpr, BN: tl.constexpr,
                    SPLIT_K: tl.constexpr):
     """Split-K: every slice of tile t leaves its float32 partial in partials[t, split] and counts itself
     done; the last to count adds the other slices' partials to its own (in slice order), resets the tile's
     count for the next call and returns (sum, True). Others return (acc, False). At split_k 2 the sum is
-    the same whichever slice is last; beyond, the last float32 bit may differ from run to run."""
-    offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]  # int32 within a tile: fewer registers
+    the same whichever slice is last; beyond, the last float32 bit may differ from run to run.
+    The partials move a quarter of the tile's columns at a time: a whole float32 tile loaded beside the
+    accumulator would not fit in registers (the first build spilled)."""
+    Q: tl.constexpr = BN // 4
+    offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, Q)[None, :]  # int32 within a tile
     base = partials_ptr + (t.to(tl.int64) * SPLIT_K) * (BM * BN)
-    tl.store(base + split * (BM * BN) + offs, acc)
+    left, right = _halves(acc, BM, BN)
+    q0, q1 = _halves(left, BM, BN // 2)
+    q2, q3 = _halves(right, BM, BN // 2)
+    mine = base + split * (BM * BN) + offs
+    tl.store(mine, q0)
+    tl.store(mine + Q, q1)
+    tl.store(mine + 2 * Q, q2)
+    tl.store(mine + 3 * Q, q3)
     tl.debug_barrier()  # every thread's part of the partial is stored before the count says so
     done = tl.atomic_add(tile_counts_ptr + t, 1, sem="acq_rel", scope="gpu")
     last = done == SPLIT_K - 1
     if last:
         for s in tl.static_range(SPLIT_K):
             if s != split:
-                acc += tl.load(base + s * (BM * BN) + offs, cache_modifier=".cg")
+                theirs = base + s * (BM * BN) + offs
+                q0 += tl.load(theirs, cache_modifier=".cg")
+                q1 += tl.load(theirs + Q, cache_modifier=".cg")
+                q2 += tl.load(theirs + 2 * Q, cache_modifier=".cg")
+                q3 += tl.load(theirs + 3 * Q, cache_modifier=".cg")
         tl.store(tile_counts_ptr + t, 0)  # every slice of this call has counted: none reads it again
+    acc = _joined(_joined(q0, q1, BM, BN // 2), _joined(q2, q3, BM, BN // 2), BM, BN)
     return acc, last
 
 
