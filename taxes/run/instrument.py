@@ -235,7 +235,11 @@ def record_iterations(ctx, runner, input_sets: list, iters: int, warmup: int, re
             iterations.append({"step": i, "e2e_us": e2e, "waits": {}, "warmup": i < warmup})
             if kept is not None:  # a device copy, read after the block (see above)
                 for snap, t in zip(kept, trace_buffers):
-                    snap[i].copy_(t.reshape(-1))
+                    # an elementwise kernel, not copy_ (a device-to-device memcpy): under the cupti-python
+                    # clock, those small memcpys in a recorded block made the CUDA graphs replayed in later
+                    # blocks end in "unspecified launch failure" (one H200, flash decode: a fused block, then
+                    # bsp-graph; tests/test_instrument_gpu.py)
+                    torch.add(t.reshape(-1), 0, out=snap[i])
             elif fused and (trace_of or ctas_of):
                 _read_trace(iterations[-1], runner, trace_of, ctas_of)
     finally:
