@@ -221,7 +221,10 @@ def alternate_fused(items: list, is_fused) -> list:
     block with no bulk-synchronous block between them ended in "unspecified launch failure" on 2 and 4 H200s
     (the same blocks with an all-bsp or all-graph block between them ran: docs/tp_mlp.md); the cause is not
     known, and where fused variants outnumber the others (fused-auto counts as what it picked) two of them
-    still meet. The order only decides what runs next to what; documents list the variants as asked."""
+    still meet. On one H200 the same failure in flash decode (a fused block, then a graph variant's) came from
+    the device-to-device copies of the fused kernels' stamps, now elementwise (taxes.run.instrument); whether
+    that was tp-mlp's too is to be measured on several GPUs. The order only decides what runs next to what;
+    documents list the variants as asked."""
     fused = [x for x in items if is_fused(x)]
     other = [x for x in items if not is_fused(x)]
     out = []
