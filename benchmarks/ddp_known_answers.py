@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -112,6 +113,7 @@ def judge_interleaved(case: dict, late_rank: int, period: int) -> dict:
     if "steps" not in case:
         return {"ok": False, "why": "no analysis"}
     truth, rec, seen = [], [], []
+    truth_sets, rec_sets = [], []  # per waiting rank: (late, on-time) samples, for the intervals
     for r, st in case["steps"].items():
         if int(r) == late_rank:
             continue
@@ -129,6 +131,8 @@ def judge_interleaved(case: dict, late_rank: int, period: int) -> dict:
         # 20 ms ones on 4 H100s), which a mean of a few steps would carry as the delay's effect
         truth.append(statistics.median(late_p) - statistics.median(on_p))
         rec.append(statistics.median(late_w) - statistics.median(on_w))
+        truth_sets.append((late_p, on_p))
+        rec_sets.append((late_w, on_w))
         spans_late = [sp for s, _, sp in prof if late_step(s, period) and sp is not None]
         spans_on = [sp for s, _, sp in prof if not late_step(s, period) and sp is not None]
         if spans_late and spans_on:
@@ -138,7 +142,7 @@ def judge_interleaved(case: dict, late_rank: int, period: int) -> dict:
     cost = record_cost(case, period)
     within = t > 0 and abs(x - t) <= LIMIT * t
     out = {"truth_us": t, "recovered_us": x, "error": (x / t - 1) if t else None, "named": named,
-           "ok": bool(named and within), **cost}
+           "ok": bool(named and within), **cost, **decidability(t, truth_sets, rec_sets)}
     if len(seen) == len(truth):
         # the same change in the profiled steps themselves (their spans, not the rows): where it and the plain
         # one differ, recording moved the program, not the rule; rule_ok holds the rows to it
@@ -146,6 +150,36 @@ def judge_interleaved(case: dict, late_rank: int, period: int) -> dict:
         out.update(profiled_truth_us=s_, recording_moved_us=s_ - t,
                    rule_ok=bool(s_ > 0 and abs(x - s_) <= LIMIT * s_))
     return out
+
+
+def median_change_interval(sets: list[tuple[list, list]], confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """The bootstrap interval (percentile, 2000 resamples) of the mean over ranks of median(late) - median(on
+    time): each rank's late and on-time samples resampled apart, as the steps were drawn."""
+    import numpy as np
+    from scipy import stats
+
+    data = [np.asarray(x, dtype=float) for late, on in sets for x in (late, on)]
+
+    def change(*xs, axis=-1):
+        return np.mean([np.median(xs[2 * i], axis=axis) - np.median(xs[2 * i + 1], axis=axis)
+                        for i in range(len(xs) // 2)], axis=0)
+
+    res = stats.bootstrap(data, change, vectorized=True, paired=False, n_resamples=2000, confidence_level=confidence,
+                          method="percentile", random_state=seed)
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def decidability(truth_us: float, truth_sets: list, rec_sets: list) -> dict:
+    """Whether the run's steps can decide the verdict at all: the truth's 95% interval (its plain steps'
+    own noise) against the band of +-LIMIT around it. Where the interval's half-width exceeds LIMIT x truth,
+    no rule can be shown within LIMIT by this many steps; steps_needed scales the run's plain steps by the
+    square of the ratio (an interval narrows as one over the square root of the steps)."""
+    lo, hi = median_change_interval(truth_sets)
+    rlo, rhi = median_change_interval(rec_sets)
+    half, band = (hi - lo) / 2.0, LIMIT * abs(truth_us)
+    n = sum(len(a) + len(b) for a, b in truth_sets) // max(1, len(truth_sets))
+    return {"truth_ci_us": [lo, hi], "recovered_ci_us": [rlo, rhi], "decidable": bool(band > 0 and half <= band),
+            "plain_steps": n, "plain_steps_needed": (int(math.ceil(n * (half / band) ** 2)) if band > 0 else None)}
 
 
 def record_cost(case: dict, period: int) -> dict:

@@ -41,6 +41,9 @@ def rejudge(doc: dict, traces: Path) -> dict:
             c["verdict_rules"] = "the run's (its traces were not kept)"
             if c["late_ms"] and meta.get("period", 0) and "steps" in c:  # step times need no rule
                 c.setdefault("verdict", {}).update(dk.record_cost(c, meta["period"]))
+                again = dk.judge_interleaved(c, late_rank, meta["period"])  # the intervals, from the stored steps
+                c["verdict"].update({k: again[k] for k in ("truth_ci_us", "recovered_ci_us", "decidable",
+                                                           "plain_steps", "plain_steps_needed") if k in again})
             continue
         c["verdict_at_run"] = c.get("verdict_at_run", c.get("verdict"))
         c.update(dk.analysis_of(analyse(case_dir)["trace_analysis"]))
@@ -64,6 +67,7 @@ def main():
         v = c.get("verdict", {})
         print(f"{c['late_on']:>6}:{c['late_ms']:<4g} truth {v.get('truth_us', float('nan')):8.0f} "
               f"recovered {v.get('recovered_us', float('nan')):8.0f} profiled {v.get('profiled_truth_us', float('nan')):8.0f} "
+              f"truth 95% [{', '.join(f'{x:.0f}' for x in v.get('truth_ci_us', []))}] decidable {v.get('decidable')} "
               f"named {v.get('named')} ok {v.get('ok')} rule_ok {v.get('rule_ok')} "
               f"({c.get('verdict_rules')})")
 

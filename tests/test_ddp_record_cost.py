@@ -46,3 +46,33 @@ def test_the_record_cost_compares_late_steps_with_late_and_on_time_with_on_time(
         statistics.median(s["plain_step_us"]) - 1.0
     if late_us >= 10_000.0:
         assert naive > cost + 0.02
+
+
+def _interleaved(late_us: float, noise_us: float, seed: int, n: int = 64) -> dict:
+    """Two waiting ranks and a late rank 2: plain steps late by late_us in every other step, with Gaussian
+    noise; the profiled steps' sync wait carries the same change."""
+    rng = random.Random(seed)
+    steps, waits = {}, []
+    for r in range(3):
+        plain = list(range(n))
+        steps[str(r)] = {"plain_steps": plain, "profiled_steps": list(range(n, 2 * n)),
+                         "plain_step_us": [66_000.0 + (late_us if dk.late_step(i, 1) else 0.0) + rng.gauss(0, noise_us)
+                                           for i in plain]}
+        waits += [{"rank": r, "step": k, "span_us": 66_000.0,
+                   "sync_wait_us": (late_us if dk.late_step(n + k, 1) else 0.0) + rng.gauss(0, noise_us)}
+                  for k in range(n)]
+    return {"late_on": "host", "late_ms": late_us / 1e3, "steps": steps, "step_sync_wait_us": waits, "straggler": 2}
+
+
+def test_a_change_buried_in_the_steps_own_noise_is_said_to_be_undecidable():
+    clear = dk.judge_interleaved(_interleaved(3_000.0, 100.0, seed=1), late_rank=2, period=1)
+    lo, hi = clear["truth_ci_us"]
+    assert lo < 3_000.0 < hi and hi - lo < 0.15 * 3_000.0  # the planted change, narrowly
+    assert clear["decidable"] and clear["ok"]
+    assert clear["plain_steps_needed"] <= 64
+    buried = dk.judge_interleaved(_interleaved(150.0, 600.0, seed=2), late_rank=2, period=1)
+    lo, hi = buried["truth_ci_us"]
+    assert lo < 150.0 < hi  # still covers the planted change
+    assert not buried["decidable"] and buried["plain_steps_needed"] > 64 * 10
+    rlo, rhi = buried["recovered_ci_us"]
+    assert rlo < buried["recovered_us"] < rhi
