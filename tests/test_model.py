@@ -525,3 +525,25 @@ def test_the_schedule_a_document_recorded_is_the_one_predicted():
     auto = options_from_config({"picked": "fused-push-graph", "config": {"block_n": 128, "copiers": 0}})
     assert (auto.tile_n, auto.copier_ctas) == (128, 0)
     assert options_from_config(None) == ModelOptions()
+
+
+def test_a_collective_calibrate_did_not_time_from_idle_pays_what_idle_added_to_the_timed_launchers():
+    """calibrate times the idle launch of torch, Triton and graph launches, not of NCCL's. A collective that
+    starts an iteration is priced at its host time plus the median of what starting from idle added to the
+    timed eager launchers, so a graph replay (timed from idle) is never predicted to start later than the
+    same collective launched eagerly (with the host time alone, the eager collective started sooner)."""
+    from taxes.model.figures import first_launch_us
+
+    base = BUILTIN["h200-sxm"]
+    host = {"torch": 10.0, "triton": 14.0, "triton_tma": 12.0, "graph": 4.0}
+    idle = {"torch": 70.0, "triton": 60.0, "triton_tma": 50.0, "graph": 30.0}  # added: 60, 46, 38 -> median 46
+    hw = dataclasses.replace(base, launch_host_us=host, launch_eager_us=13.0,
+                             extra={"calibration": {"figures": {"first_launch_us": idle}}})
+    assert first_launch_us(hw, "nccl") == pytest.approx(13.0 + 46.0)
+    assert first_launch_us(hw, "torch") == 70.0 and first_launch_us(hw, "graph") == 30.0
+    datasheet = dataclasses.replace(base, extra={})  # no idle reading at all: the host time
+    assert first_launch_us(datasheet, "nccl") == pytest.approx(datasheet.launch_us("nccl"))
+    for world in (2, 4):  # bsp-graph starts with the all-gather: checked against the same steps eager
+        w = make_workload("ag-gemm", {"M": 1024, "N": 8192, "K": 8192}, world=world)
+        graph, eager = predict(w, "bsp-graph", hw), predict(w, "bsp", hw)
+        assert graph.components["launch"] <= eager.components["launch"]

@@ -5,6 +5,7 @@ each reader falls back to the profile's own figures."""
 from __future__ import annotations
 
 import math
+import statistics
 
 from taxes.model.hardware import HardwareProfile
 
@@ -37,9 +38,17 @@ def _first_launches(hw: HardwareProfile) -> dict:
 def first_launch_us(hw: HardwareProfile, kind: str) -> float:
     """From an idle device's iteration start to the first kernel's start when launcher `kind` issues it:
     calibrate's idle launch (figures["first_launch_us"][kind]: a start event, one launch, the kernel's start
-    on the device); the launcher's host time where the profile lacks the reading."""
-    v = _number(_first_launches(hw).get(kind))
-    return v if v is not None and v >= 0 else hw.launch_us(kind)
+    on the device). A kind calibrate did not time (an NCCL collective) pays its own host time plus what
+    starting from idle added to the eager kinds it did time (the median of their idle launch less their host
+    time): the same path from the call to an idle device, so an eager collective never starts sooner than a
+    graph replay would. The launcher's host time where the profile has no idle reading at all."""
+    firsts = _first_launches(hw)
+    v = _number(firsts.get(kind))
+    if v is not None and v >= 0:
+        return v
+    extra = [f - hw.launch_us(k) for k, f in ((k, _number(firsts.get(k))) for k in firsts if k != "graph")
+             if f is not None and f >= 0]
+    return hw.launch_us(kind) + (max(0.0, statistics.median(extra)) if extra else 0.0)
 
 
 def replay_launch_us(hw: HardwareProfile, first_launcher: str) -> float:
