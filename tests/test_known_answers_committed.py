@@ -100,8 +100,10 @@ def test_the_late_rank_rows_follow_from_the_records_by_todays_rules(world):
 def test_the_ddp_straggler_and_its_wait_follow_from_the_committed_traces(world, tmp_path):
     # a real DDP job (benchmarks/programs/ddp_llama.py, device-bound) with its last rank late by 3 ms on the
     # host in every other step: analysed again by today's rules, its traces give the committed document's
-    # verdict, and that verdict holds: the late rank named, the waiting ranks' sync wait (late steps less
-    # on-time ones) within 15% of their plain step's change, measured by CUDA events without the record
+    # verdict: the late rank named, and the waiting ranks' sync wait (late steps less on-time ones) inside the
+    # 95% interval of their plain step's change (CUDA events without the record). With 12 plain steps a rank
+    # that interval is wider than +-15% of the change, so the run cannot decide a 15% verdict (decidable:
+    # benchmarks/ddp_known_answers.py); where it can (10 ms), docs/analyze.md gives the runs
     import sys
 
     from committed import ROOT
@@ -120,4 +122,6 @@ def test_the_ddp_straggler_and_its_wait_follow_from_the_committed_traces(world, 
         assert now["verdict"][k] == pytest.approx(case["verdict"][k], rel=1e-6), k
     assert now["straggler"] == world - 1 and now["verdict"]["named"]
     v = now["verdict"]
-    assert v["truth_us"] > 1000.0 and abs(v["recovered_us"] - v["truth_us"]) <= 0.15 * v["truth_us"] and v["ok"]
+    lo, hi = v["truth_ci_us"]
+    assert v["truth_us"] > 1000.0 and lo <= v["recovered_us"] <= hi
+    assert not v["decidable"] and (hi - lo) / 2 > 0.15 * v["truth_us"]

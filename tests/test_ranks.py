@@ -593,12 +593,13 @@ def test_every_fused_wait_rule_is_read_again_from_the_ctas_stored_stamps():
                    "longest": pytest.approx({0: 9.0, 1: 9.0})}
 
 
-def _run_slowed(work_us: list, t0: float, slow: tuple, factor: float) -> list:
-    """Back-to-back kernels of the given work from t0, running `factor` times slower inside slow=(a, b): their
-    (start, end)s."""
+def _run_slowed(work_us: list, t0: float, slow: tuple, factor: float, gap_us: float = 0.0) -> list:
+    """Kernels of the given work from t0, each gap_us after the one before (the device's own dispatch gap),
+    running `factor` times slower inside slow=(a, b): their (start, end)s."""
     out, t = [], t0
     a, b = slow
-    for w in work_us:
+    for k, w in enumerate(work_us):
+        t += gap_us if k else 0.0
         s = t
         if t < a:  # full speed up to a
             done = min(w, a - t)
@@ -611,7 +612,8 @@ def _run_slowed(work_us: list, t0: float, slow: tuple, factor: float) -> list:
     return out
 
 
-def _device_bound_ddp(late_steps: set, late_us: float, slow_factor: float, steps: int = 8, seed: int = 0):
+def _device_bound_ddp(late_steps: set, late_us: float, slow_factor: float, steps: int = 8, seed: int = 0,
+                      n_bwd: int = 6, gap_us: float = 0.0):
     """A device-bound training step on two ranks: six backward kernels back to back on the compute stream, the
     gradient all-reduce on another stream from the end of the second (on rank 1, the late one, `late_us`
     later in the steps of late_steps, after a delay kernel), ending on both ranks 40 us after the later
@@ -621,7 +623,7 @@ def _device_bound_ddp(late_steps: set, late_us: float, slow_factor: float, steps
     from taxes.traces.timeline import timeline
 
     rng = random.Random(seed)
-    work = [rng.uniform(30.0, 80.0) for _ in range(6)]
+    work = [rng.uniform(30.0, 80.0) for _ in range(n_bwd)]
     t_ar, opt_us = 40.0, 15.0
     acts = {0: [], 1: []}
     calls = {0: [], 1: []}
@@ -645,13 +647,13 @@ def _device_bound_ddp(late_steps: set, late_us: float, slow_factor: float, steps
         t_dev = lo + 6.0
         if late:
             add(1, "delay", t_dev, t_dev + late, step)
-        arrive = {0: t_dev + work[0] + work[1], 1: t_dev + late + work[0] + work[1]}
+        arrive = {0: t_dev + work[0] + gap_us + work[1], 1: t_dev + late + work[0] + gap_us + work[1]}
         ar_end = arrive[1] + t_ar
         ends = {}
         for rank in (0, 1):
             begin = t_dev + (late if rank == 1 else 0.0)
             slow = (arrive[0], arrive[1]) if rank == 0 else (0.0, 0.0)
-            spans = _run_slowed(work, begin, slow, slow_factor)
+            spans = _run_slowed(work, begin, slow, slow_factor, gap_us)
             for i, (a, b) in enumerate(spans):
                 add(rank, f"bwd{i}", a, b, step)
             add(rank, "ncclDevKernel_AllReduce", arrive[rank], ar_end, step, stream=1, comm="nccl", coll=f"ar:{step}")
@@ -690,5 +692,26 @@ def test_compute_that_ran_slower_beside_a_waiting_all_reduce_is_the_waits_cost(l
     assert late_m["sync_wait"].mean() - on_m["sync_wait"].mean() == pytest.approx(truth, rel=0.02)
     assert late_m["compute"].mean() == pytest.approx(on_m["compute"].mean(), rel=0.01)
     assert (late_m["wait_stretch_us"] > 0).all() == (factor > 1.0) and (on_m["wait_stretch_us"] == 0).all()
+    for _, r in r0.iterrows():
+        adds_up(r)
+
+
+@pytest.mark.parametrize("late,factor", [(100.0, 1.0), (300.0, 1.3), (1500.0, 1.0), (1200.0, 1.5)])
+def test_the_devices_own_dispatch_gaps_inside_a_wait_are_not_the_late_ranks(late, factor):
+    # The same step with 24 backward kernels, each 3 us after the one before on the device although all were
+    # queued at the step's start (its dispatch gap, in every step alike). A waiting all-reduce covers some of
+    # those gaps in the late steps; they were there on time too, so they are not what the late rank cost:
+    # sync wait must still follow the step's change, which is nothing where the rest of the backward hides
+    # the wait (before, every gap a wait covered counted as the peer's, 3 us each).
+    late_steps = {1, 3, 5, 7}
+    tls, spans = _device_bound_ddp(late_steps, late, factor, n_bwd=24, gap_us=3.0)
+    cost = [b - a - x for a, b, x in spans]
+    truth = np.mean([c for i, c in enumerate(cost) if i in late_steps]) - \
+        np.mean([c for i, c in enumerate(cost) if i not in late_steps])
+    rows = attribute(tls).rows
+    r0 = rows[rows["rank"] == 0].set_index("step")
+    late_m, on_m = r0.loc[sorted(late_steps)], r0.drop(index=sorted(late_steps))
+    got = late_m["sync_wait"].mean() - on_m["sync_wait"].mean()
+    assert abs(got - truth) <= max(0.02 * truth, 0.5), (got, truth)
     for _, r in r0.iterrows():
         adds_up(r)

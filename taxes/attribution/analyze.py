@@ -40,7 +40,7 @@ from taxes.traces.stream import check_regular, one_line, read_side_file
 from taxes.traces.timeline import merge
 from taxes.method import PERTURBED, STATISTIC  # noqa: F401  (the analysis document reads them from here)
 
-RULES = "one-timeline rules 3 (taxes.attribution.attribute), trace rules 2 (taxes.attribution.analyze)"
+RULES = "one-timeline rules 4 (taxes.attribution.attribute), trace rules 2 (taxes.attribution.analyze)"
 MAX_SIDE_FILE_BYTES = 64 << 20  # --plain files
 # Rows a trace cannot give without more evidence: what to record (or give) to get them.
 NO_FLOOR = ("no floor is known for an arbitrary program's kernels (taxes profile measures it for its own "

@@ -71,7 +71,7 @@ import numpy as np
 import pandas as pd
 
 from taxes.model.floor import Floor
-from taxes.attribution.waits import binding_wait, harness_wait, match_collectives, start_skews, wait_stretch
+from taxes.attribution.waits import binding_wait, harness_wait, match_collectives, own_gaps, start_skews, wait_stretch
 from taxes.traces.timeline import Timeline, covered, gaps, measure, merge, union
 
 from taxes.attribution.rows import IDLE_ROWS, LABELS, ROWS, TAXES  # noqa: E402,F401  (named here too)
@@ -178,11 +178,14 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
     # occurrence in its step (a training step runs the same kernels in the same order)
     waiting = comm_all & (coll_wait > 0.0)
     stretch_all = np.zeros(len(acts))
+    own_gap_all = np.zeros(len(acts))
     if waiting.any():
         names = pd.Series(acts["name"].astype(str).values)
         kernel_keys = (names + "#" + names.groupby([step_of, names.values]).cumcount().astype(str)).values
-        stretch_all = wait_stretch(kernel_keys, starts_all, ends_all, ~comm_all, starts_all[waiting],
-                                   np.minimum(starts_all[waiting] + coll_wait[waiting], ends_all[waiting]))
+        wait_ends = np.minimum(starts_all[waiting] + coll_wait[waiting], ends_all[waiting])
+        stretch_all = wait_stretch(kernel_keys, starts_all, ends_all, ~comm_all, starts_all[waiting], wait_ends)
+        own_gap_all = own_gaps(kernel_keys, starts_all, ~comm_all, starts_all[waiting], wait_ends,
+                               starts_all, np.where(comm_all, -np.inf, ends_all))
     rows, gap_frames = [], []
     for w in tl.windows.itertuples(index=False):
         lo, hi = float(w.start_us), float(w.end_us)
@@ -206,7 +209,8 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
             # a kernel that started no later than its launching call (emulated ranks: the host is the device)
             # had no host to wait for apart from itself: its wait is all held
             host_cs = np.where(cs[pos][~comm] >= starts_all[pos][~comm], np.nan, cs[pos][~comm])
-            sync_coll = min(binding_wait(s[comm], e[comm], cw, comp_m, s[~comm], host_cs), exposed)
+            sync_coll = min(binding_wait(s[comm], e[comm], cw, comp_m, s[~comm], host_cs, own_gap_all[pos][~comm]),
+                            exposed)
         own_host = max(0.0, sync_all - sync_coll)
         # a kernel waited no longer than it ran beyond its own floor: a fused kernel's wait rule (the longest
         # any CTA waited) also counts wait that other CTAs' compute covered, which the floor bounds

@@ -111,7 +111,7 @@ def start_skews(timelines: list[Timeline]) -> dict:
 
 
 def binding_wait(arrivals: np.ndarray, ends: np.ndarray, waits: np.ndarray, compute: tuple, comp_starts: np.ndarray,
-                 comp_cs: np.ndarray) -> float:
+                 comp_cs: np.ndarray, comp_own_gap: np.ndarray | None = None) -> float:
     """Of the time the rank's collectives waited while it ran no compute (compute: the merged compute
     intervals), how much held the rank's next compute kernel, us. Where compute resumed inside a wait, the
     kernel held the idle before it only if it had been launched before that idle began (it waited on a
@@ -128,6 +128,7 @@ def binding_wait(arrivals: np.ndarray, ends: np.ndarray, waits: np.ndarray, comp
         return 0.0
     order = np.argsort(comp_starts, kind="stable")
     cst, ccs = comp_starts[order], comp_cs[order]
+    own = np.zeros(len(cst)) if comp_own_gap is None else np.nan_to_num(comp_own_gap[order])
     total = 0.0
     for wa, wb in zip(*merge(arrivals[has], we[has])):
         ga, gb = gaps(compute, wa, wb)
@@ -135,7 +136,10 @@ def binding_wait(arrivals: np.ndarray, ends: np.ndarray, waits: np.ndarray, comp
             if b < wb:  # compute resumed inside the wait: held only if that kernel was launched before the idle
                 i = np.searchsorted(cst, b, side="left")
                 launch = ccs[i] if i < len(cst) else np.nan
-                total += float(b - a) if (np.isnan(launch) or launch <= a) else 0.0
+                # less the idle the device leaves before that kernel of its own (its median where no wait
+                # overlapped): a wait covers the device's own dispatch gaps too, which were not the peer's
+                gap_own = own[i] if i < len(own) else 0.0
+                total += max(0.0, float(b - a) - gap_own) if (np.isnan(launch) or launch <= a) else 0.0
                 continue
             inside = has & (arrivals >= wa) & (we <= wb)
             coll_end = float(ends[inside].max())
@@ -183,4 +187,28 @@ def wait_stretch(keys: np.ndarray, starts: np.ndarray, ends: np.ndarray, compute
     base = df["key"].map(ref).to_numpy(dtype=float)
     hit = compute & (overlap > 0.0) & ~np.isnan(base)
     out[hit] = np.clip(dur[hit] - base[hit], -overlap[hit], overlap[hit])
+    return out
+
+
+def own_gaps(keys: np.ndarray, starts: np.ndarray, compute_mask: np.ndarray, wait_starts: np.ndarray,
+             wait_ends: np.ndarray, all_starts: np.ndarray, all_ends: np.ndarray) -> np.ndarray:
+    """Per activity: the idle the rank's device leaves before this compute kernel of its own, the median over
+    the same kernel (keys: name and occurrence in its step) of the idle between the end of the device's
+    work before it and its start, where no wait overlapped that idle; NaN for communication and for kernels
+    with no such instance."""
+    out = np.full(len(starts), np.nan)
+    idx = np.flatnonzero(compute_mask)
+    if len(idx) == 0:
+        return out
+    order = idx[np.argsort(starts[idx], kind="stable")]
+    # the end of the device's compute before each kernel: the running maximum of earlier ends
+    prev_end = np.maximum.accumulate(np.concatenate([[-np.inf], all_ends[order][:-1]]))
+    gap = np.clip(starts[order] - prev_end, 0.0, None)
+    gap[~np.isfinite(gap)] = np.nan
+    ws = merge(wait_starts, wait_ends)
+    hit = covered(ws, np.minimum(prev_end, starts[order]), starts[order]) > 0.0 if len(wait_starts) else \
+        np.zeros(len(order), dtype=bool)
+    df = pd.DataFrame({"key": keys[order], "gap": gap, "free": ~hit})
+    ref = df[df["free"]].groupby("key")["gap"].median()
+    out[order] = df["key"].map(ref).to_numpy(dtype=float)
     return out

@@ -33,7 +33,7 @@ from taxes.traces.timeline import Timeline
 from taxes.variants import get, lookup
 from taxes.workloads import make_workload
 
-RULES = "one-timeline rules 3 (taxes.attribution.attribute)"
+RULES = "one-timeline rules 4 (taxes.attribution.attribute)"
 
 
 def per_iteration_e2e(samples_us: list[list[float]]) -> list[float]:
