@@ -671,6 +671,18 @@ def _device_bound_ddp(late_steps: set, late_us: float, slow_factor: float, steps
     return tls, [(w["start_us"], w["end_us"], x) for w, x in zip(windows[0], exposed_transfer)]
 
 
+def _late_against_on_time(late_steps: set, tls, spans):
+    """The truth (rank 0's step, late steps against on-time ones, less the transfer no kernel overlapped: a
+    wait that outlasts the backward exposes the transfer after it, which is exposed_transfer, not the wait)
+    and rank 0's rows: (truth, all rows by step, late steps' rows, on-time steps' rows)."""
+    cost = [b - a - x for a, b, x in spans]
+    truth = np.mean([c for i, c in enumerate(cost) if i in late_steps]) - \
+        np.mean([c for i, c in enumerate(cost) if i not in late_steps])
+    rows = attribute(tls).rows
+    r0 = rows[rows["rank"] == 0].set_index("step")
+    return truth, r0, r0.loc[sorted(late_steps)], r0.drop(index=sorted(late_steps))
+
+
 @pytest.mark.parametrize("late,factor", [(100.0, 1.3), (400.0, 1.6), (60.0, 2.0), (600.0, 1.0), (300.0, 1.25)])
 def test_compute_that_ran_slower_beside_a_waiting_all_reduce_is_the_waits_cost(late, factor):
     # A device-bound DDP step: rank 0's gradient all-reduce waits for rank 1 while rank 0's own backward runs
@@ -679,15 +691,7 @@ def test_compute_that_ran_slower_beside_a_waiting_all_reduce_is_the_waits_cost(l
     # simulated times; sync wait must follow it, and compute must stay what it is on time. A short wait hides
     # behind the rest of the backward but for its stretch; a long one is exposed too.
     late_steps = {1, 3, 5, 7}
-    tls, spans = _device_bound_ddp(late_steps, late, factor)
-    # of the step's change, what the wait cost: the step less the transfer no kernel overlapped (a wait
-    # that outlasts the backward exposes the transfer after it, which is exposed_transfer, not the wait)
-    cost = [b - a - x for a, b, x in spans]
-    truth = np.mean([c for i, c in enumerate(cost) if i in late_steps]) - \
-        np.mean([c for i, c in enumerate(cost) if i not in late_steps])
-    rows = attribute(tls).rows
-    r0 = rows[rows["rank"] == 0].set_index("step")
-    late_m, on_m = r0.loc[sorted(late_steps)], r0.drop(index=sorted(late_steps))
+    truth, r0, late_m, on_m = _late_against_on_time(late_steps, *_device_bound_ddp(late_steps, late, factor))
     assert truth > 0.0
     assert late_m["sync_wait"].mean() - on_m["sync_wait"].mean() == pytest.approx(truth, rel=0.02)
     assert late_m["compute"].mean() == pytest.approx(on_m["compute"].mean(), rel=0.01)
@@ -704,13 +708,8 @@ def test_the_devices_own_dispatch_gaps_inside_a_wait_are_not_the_late_ranks(late
     # sync wait must still follow the step's change, which is nothing where the rest of the backward hides
     # the wait (before, every gap a wait covered counted as the peer's, 3 us each).
     late_steps = {1, 3, 5, 7}
-    tls, spans = _device_bound_ddp(late_steps, late, factor, n_bwd=24, gap_us=3.0)
-    cost = [b - a - x for a, b, x in spans]
-    truth = np.mean([c for i, c in enumerate(cost) if i in late_steps]) - \
-        np.mean([c for i, c in enumerate(cost) if i not in late_steps])
-    rows = attribute(tls).rows
-    r0 = rows[rows["rank"] == 0].set_index("step")
-    late_m, on_m = r0.loc[sorted(late_steps)], r0.drop(index=sorted(late_steps))
+    truth, r0, late_m, on_m = _late_against_on_time(late_steps, *_device_bound_ddp(late_steps, late, factor,
+                                                                                    n_bwd=24, gap_us=3.0))
     got = late_m["sync_wait"].mean() - on_m["sync_wait"].mean()
     assert abs(got - truth) <= max(0.02 * truth, 0.5), (got, truth)
     for _, r in r0.iterrows():

@@ -184,8 +184,7 @@ def _attribute_rank(tl: Timeline, waits: pd.Series, floor, locality_bytes, us_pe
         kernel_keys = (names + "#" + names.groupby([step_of, names.values]).cumcount().astype(str)).values
         wait_ends = np.minimum(starts_all[waiting] + coll_wait[waiting], ends_all[waiting])
         stretch_all = wait_stretch(kernel_keys, starts_all, ends_all, ~comm_all, starts_all[waiting], wait_ends)
-        own_gap_all = own_gaps(kernel_keys, starts_all, ~comm_all, starts_all[waiting], wait_ends,
-                               starts_all, np.where(comm_all, -np.inf, ends_all))
+        own_gap_all = own_gaps(kernel_keys, starts_all, ends_all, ~comm_all, starts_all[waiting], wait_ends)
     rows, gap_frames = [], []
     for w in tl.windows.itertuples(index=False):
         lo, hi = float(w.start_us), float(w.end_us)

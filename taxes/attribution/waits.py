@@ -190,24 +190,22 @@ def wait_stretch(keys: np.ndarray, starts: np.ndarray, ends: np.ndarray, compute
     return out
 
 
-def own_gaps(keys: np.ndarray, starts: np.ndarray, compute_mask: np.ndarray, wait_starts: np.ndarray,
-             wait_ends: np.ndarray, all_starts: np.ndarray, all_ends: np.ndarray) -> np.ndarray:
+def own_gaps(keys: np.ndarray, starts: np.ndarray, ends: np.ndarray, compute: np.ndarray, wait_starts: np.ndarray,
+             wait_ends: np.ndarray) -> np.ndarray:
     """Per activity: the idle the rank's device leaves before this compute kernel of its own, the median over
-    the same kernel (keys: name and occurrence in its step) of the idle between the end of the device's
-    work before it and its start, where no wait overlapped that idle; NaN for communication and for kernels
-    with no such instance."""
+    the same kernel (keys: name and occurrence in its step) of the idle between the end of the compute before
+    it and its start, where no wait overlapped that idle; NaN for communication and for kernels with no such
+    instance."""
     out = np.full(len(starts), np.nan)
-    idx = np.flatnonzero(compute_mask)
+    idx = np.flatnonzero(compute)
     if len(idx) == 0:
         return out
     order = idx[np.argsort(starts[idx], kind="stable")]
     # the end of the device's compute before each kernel: the running maximum of earlier ends
-    prev_end = np.maximum.accumulate(np.concatenate([[-np.inf], all_ends[order][:-1]]))
+    prev_end = np.maximum.accumulate(np.concatenate([[-np.inf], ends[order][:-1]]))
     gap = np.clip(starts[order] - prev_end, 0.0, None)
     gap[~np.isfinite(gap)] = np.nan
-    ws = merge(wait_starts, wait_ends)
-    hit = covered(ws, np.minimum(prev_end, starts[order]), starts[order]) > 0.0 if len(wait_starts) else \
-        np.zeros(len(order), dtype=bool)
+    hit = covered(merge(wait_starts, wait_ends), np.minimum(prev_end, starts[order]), starts[order]) > 0.0
     df = pd.DataFrame({"key": keys[order], "gap": gap, "free": ~hit})
     ref = df[df["free"]].groupby("key")["gap"].median()
     out[order] = df["key"].map(ref).to_numpy(dtype=float)
