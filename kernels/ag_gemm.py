@@ -149,7 +149,9 @@ class SplitK:
 
 def check_split_k(cfg: Config, K: int) -> None:
     """Refuse a split that does not cut K into whole block_k steps."""
-    if cfg.split_k < 1 or K % (cfg.split_k * cfg.block_k):
+    if not isinstance(cfg.split_k, int) or cfg.split_k < 1:
+        raise ValueError(f"split_k={cfg.split_k} is not a whole number of K slices (1 or more)")
+    if K % (cfg.split_k * cfg.block_k):
         raise ValueError(f"K={K} is not a multiple of split_k={cfg.split_k} x block_k={cfg.block_k}")
 
 

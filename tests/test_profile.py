@@ -147,6 +147,14 @@ def test_profile_without_a_gpu_says_what_to_do_instead():
     (["profile", "ag-gemm", "--emulate", "--variants", "fused-magic"], "unknown ag-gemm variant"),
     (["profile", "ag-gemm", "--emulate", "--shape", "M=100,N=64,K=32", "--gpus", "3"], "divisible"),
     (["profile", "ag-gemm", "--emulate", "--config", "block_m"], "not key=value"),
+    (["profile", "ag-gemm", "--emulate", "--config", "copiers=many"], "ag-gemm's copiers is a whole number"),
+    (["profile", "ag-gemm", "--emulate", "--config", "split_k=1.5"], "ag-gemm's split_k is a whole number"),
+    (["profile", "ag-gemm", "--emulate", "--config", "warp_spec=1"], "ag-gemm's warp_spec is true or false"),
+    (["profile", "ag-gemm", "--emulate", "--config", "tiles=4"], "ag-gemm has no configuration key 'tiles'"),
+    (["profile", "flash-decode", "--emulate", "--config", "tma=yes"], "flash-decode's tma is true or false"),
+    (["profile", "gemm-rs", "--emulate", "--config", "producer=3"], "gemm-rs's producer is a word"),
+    (["profile", "tp-mlp", "--emulate", "--config", "rs.block_n=wide"], "tp-mlp's rs.block_n is a whole number"),
+    (["profile", "tp-mlp", "--emulate", "--config", "xx.block_n=1"], "tp-mlp has no configuration key"),
     (["profile", "ag-gemm", "--emulate", "--iters", "0"], "--iters"),
     (["profile", "ag-gemm", "--emulate", "--rounds", "0"], "--rounds"),
     (["profile", "ag-gemm", "--emulate", "--start", "sometime"], "--start"),
@@ -295,3 +303,16 @@ def test_fused_and_other_variants_take_turns_in_each_round():
     assert got == ["all-fused-eager", "all-bsp", "all-fused", "all-graph", "x"]
     assert alternate_fused(["a", "b", "c"], lambda n: False) == ["a", "b", "c"]
     assert sorted(alternate_fused(names, lambda n: n.endswith("graph"))) == sorted(names)
+
+
+def test_config_values_are_read_as_the_fields_declare_them():
+    from taxes.run.cases import check_config
+    from taxes.run.profile import parse_config
+
+    got = parse_config("block_n=128,producer=copy-engine,warp_spec=true,split_epilogue=false,x=0.5,y=-3,z=1e3")
+    assert got == {"block_n": 128, "producer": "copy-engine", "warp_spec": True, "split_epilogue": False,
+                   "x": 0.5, "y": -3, "z": 1000.0}
+    assert parse_config("producer=nan,q=inf")["producer"] == "nan"  # not a finite number: left a word
+    check_config("ag-gemm", {"block_n": 128, "producer": "copy-engine", "warp_spec": True, "split_k": 2})
+    check_config("flash-decode", {"tma": None, "splits": 4, "signal": "data"})
+    check_config("tp-mlp", {"block_m": 16, "ag.copiers": 2, "rs.producer": "ctas"})

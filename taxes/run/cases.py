@@ -228,3 +228,59 @@ def cta_stamps(runner) -> dict | None:
         t0 = min((s for s, _, _ in rows), default=0)
         return {"fused-combine": [[s - t0, e - t0, wt, 0, 0, 0] for s, wt, e in rows]}
     return None
+
+
+# ---- --config, checked before anything runs ---------------------------------------------------------
+
+_TYPE_NAMES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "None": (type(None),)}
+_TYPE_WORDS = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "a word"}
+
+
+def config_classes(workload: str) -> dict:
+    """The configuration dataclasses --config overrides for a workload: {part: class} (one part but for tp-mlp,
+    whose ag., rs. and swiglu. keys go to its parts: kernels/tp_mlp.py split_overrides)."""
+    from taxes.kernels import ag_gemm as ag
+    from taxes.kernels import decode_local, gemm_rs, tp_mlp
+
+    return {"ag-gemm": {"": ag.Config}, "gemm-rs": {"": gemm_rs.Config}, "flash-decode": {"": decode_local.Config},
+            "tp-mlp": dict(tp_mlp._PARTS)}.get(workload, {})
+
+
+def check_config(workload: str, config: dict) -> None:
+    """Every --config key a field of the workload's configuration and every value of the field's type (a whole
+    number, a number, true/false, a word, as the field is declared): else a one-line TaxesError naming the key,
+    before any rank starts."""
+    from dataclasses import fields
+
+    from taxes.errors import TaxesError
+    from taxes.sanitize import printable
+
+    classes = config_classes(workload)
+    if not config or not classes:
+        return
+    if workload == "tp-mlp":
+        from taxes.kernels.tp_mlp import split_overrides
+
+        try:
+            parts = split_overrides(config)
+        except ValueError as e:
+            raise TaxesError(f"--config: {e}") from None
+    else:
+        parts = {"": dict(config)}
+        known = {f.name for f in fields(classes[""])}
+        for key in config:
+            if key not in known:
+                raise TaxesError(f"--config: {workload} has no configuration key {printable(key)!r} "
+                                 f"(keys: {', '.join(sorted(known))})")
+    for part, values in parts.items():
+        declared = {f.name: (f.type if isinstance(f.type, str) else getattr(f.type, "__name__", ""))
+                    for f in fields(classes[part])}
+        for key, value in values.items():
+            names = declared[key].replace(" ", "").split("|")
+            allowed = tuple(t for name in names for t in _TYPE_NAMES.get(name, ()))
+            ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
+            if allowed and not ok:
+                shown = f"{part}.{key}" if part else key
+                wanted = " or ".join(_TYPE_WORDS[n] for n in names if n in _TYPE_WORDS)
+                raise TaxesError(f"--config {printable(shown)}={printable(str(value))}: {workload}'s {printable(shown)} "
+                                 f"is {wanted}")

@@ -128,6 +128,9 @@ def plan(workload: str, shape: dict | str | list | None = None, gpus: int = 2, v
     shapes = shape if isinstance(shape, list) else [shape]
     shapes = [parse_shape(s) if isinstance(s, str) else dict(s or {}) for s in shapes]
     ws = [make_workload(workload, dict(DEFAULT_SHAPES[workload]) | s, gpus, dtype) for s in shapes]
+    from taxes.run.cases import check_config
+
+    check_config(workload, config or {})
     chosen = list(variants or names(workload))
     for v in chosen:
         get(workload, v)  # an unknown name is one line
@@ -211,12 +214,24 @@ def summary_lines(doc: dict) -> list[str]:
 
 
 def parse_config(text: str) -> dict:
-    """'block_n=128,producer=ctas' -> {"block_n": 128, "producer": "ctas"} (whole numbers become ints)."""
+    """'block_n=128,producer=ctas' -> {"block_n": 128, "producer": "ctas"} (whole numbers become ints, other
+    numbers floats, true and false bools; taxes.run.cases.check_config then checks them against the fields)."""
     out = {}
     for item in (x for x in text.split(",") if x.strip()):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise TaxesError(f"--config: {item!r} is not key=value")
-        value = value.strip()
-        out[key.strip()] = int(value) if value.lstrip("-").isdigit() else {"true": True, "false": False}.get(value, value)
+        out[key.strip()] = _config_value(value.strip())
     return out
+
+
+def _config_value(text: str):
+    if text.lstrip("-").isdigit():
+        return int(text)
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        x = float(text)
+    except ValueError:
+        return text
+    return x if math.isfinite(x) else text
