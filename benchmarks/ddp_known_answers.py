@@ -174,10 +174,14 @@ def decidability(truth_us: float, truth_sets: list, rec_sets: list) -> dict:
     own noise) against the band of +-LIMIT around it. Where the interval's half-width exceeds LIMIT x truth,
     no rule can be shown within LIMIT by this many steps; steps_needed scales the run's plain steps by the
     square of the ratio (an interval narrows as one over the square root of the steps)."""
+    n = sum(len(a) + len(b) for a, b in truth_sets) // max(1, len(truth_sets))
+    if any(len(x) < 2 for sets in (truth_sets, rec_sets) for pair in sets for x in pair):
+        # a bootstrap needs two steps of each kind on every rank: with fewer, nothing is known of the noise
+        return {"truth_ci_us": None, "recovered_ci_us": None, "decidable": False, "plain_steps": n,
+                "plain_steps_needed": None}
     lo, hi = median_change_interval(truth_sets)
     rlo, rhi = median_change_interval(rec_sets)
     half, band = (hi - lo) / 2.0, LIMIT * abs(truth_us)
-    n = sum(len(a) + len(b) for a, b in truth_sets) // max(1, len(truth_sets))
     return {"truth_ci_us": [lo, hi], "recovered_ci_us": [rlo, rhi], "decidable": bool(band > 0 and half <= band),
             "plain_steps": n, "plain_steps_needed": (int(math.ceil(n * (half / band) ** 2)) if band > 0 else None)}
 

@@ -67,7 +67,7 @@ def main():
         v = c.get("verdict", {})
         print(f"{c['late_on']:>6}:{c['late_ms']:<4g} truth {v.get('truth_us', float('nan')):8.0f} "
               f"recovered {v.get('recovered_us', float('nan')):8.0f} profiled {v.get('profiled_truth_us', float('nan')):8.0f} "
-              f"truth 95% [{', '.join(f'{x:.0f}' for x in v.get('truth_ci_us', []))}] decidable {v.get('decidable')} "
+              f"truth 95% [{', '.join(f'{x:.0f}' for x in v.get('truth_ci_us') or [])}] decidable {v.get('decidable')} "
               f"named {v.get('named')} ok {v.get('ok')} rule_ok {v.get('rule_ok')} "
               f"({c.get('verdict_rules')})")
 

@@ -76,3 +76,8 @@ def test_a_change_buried_in_the_steps_own_noise_is_said_to_be_undecidable():
     assert not buried["decidable"] and buried["plain_steps_needed"] > 64 * 10
     rlo, rhi = buried["recovered_ci_us"]
     assert rlo < buried["recovered_us"] < rhi
+
+
+def test_with_one_step_of_a_kind_nothing_is_known_of_the_noise():
+    got = dk.decidability(100.0, [([101.0], [1.0, 2.0])], [([99.0, 100.0], [0.0, 1.0])])
+    assert got["truth_ci_us"] is None and got["decidable"] is False and got["plain_steps_needed"] is None
