@@ -2,7 +2,7 @@
 
 The fused kernels' per-call stamps are kept on the device between iterations (taxes.run.instrument). Kept
 with a device-to-device copy_, the graph replays of the block after ended in "unspecified launch failure"
-every time (one H200, flash decode at B=1 and B=2, S=4K to 32K); with an elementwise copy they run. The
+every time (one H200, flash decode at B=1, 2 and 4, S=4K to 32K); with an elementwise copy they run. The
 failing pair takes about 20 s."""
 
 from __future__ import annotations
