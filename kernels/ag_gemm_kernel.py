@@ -93,9 +93,7 @@ def _gemm_tile(u, a_desc, w_desc, c_desc, flags_ptr, err_ptr, trace_ptr, partial
 def _store_tile(acc, c_desc, off_m, off_n, BM: tl.constexpr, BN: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr):
     """The output tile through TMA, whole or as two half-width stores (half the shared memory)."""
     if SPLIT_EPILOGUE:  # two half-width stores: half the shared memory for the output tile
-        acc = tl.reshape(acc, (BM, 2, BN // 2))
-        acc = tl.permute(acc, (0, 2, 1))
-        left, right = tl.split(acc)
+        left, right = _halves(acc, BM, BN)
         c_desc.store([off_m, off_n], left.to(c_desc.dtype))
         c_desc.store([off_m, off_n + BN // 2], right.to(c_desc.dtype))
     else:

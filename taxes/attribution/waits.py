@@ -182,9 +182,7 @@ def wait_stretch(keys: np.ndarray, starts: np.ndarray, ends: np.ndarray, compute
         return out
     overlap = covered(merge(wait_starts, wait_ends), starts, ends)
     dur = ends - starts
-    df = pd.DataFrame({"key": keys, "dur": dur, "free": compute & (overlap <= 0.0)})
-    ref = df[df["free"]].groupby("key")["dur"].median()
-    base = df["key"].map(ref).to_numpy(dtype=float)
+    base = own_median(keys, dur, compute & (overlap <= 0.0))
     hit = compute & (overlap > 0.0) & ~np.isnan(base)
     out[hit] = np.clip(dur[hit] - base[hit], -overlap[hit], overlap[hit])
     return out
@@ -206,7 +204,12 @@ def own_gaps(keys: np.ndarray, starts: np.ndarray, ends: np.ndarray, compute: np
     gap = np.clip(starts[order] - prev_end, 0.0, None)
     gap[~np.isfinite(gap)] = np.nan
     hit = covered(merge(wait_starts, wait_ends), np.minimum(prev_end, starts[order]), starts[order]) > 0.0
-    df = pd.DataFrame({"key": keys[order], "gap": gap, "free": ~hit})
-    ref = df[df["free"]].groupby("key")["gap"].median()
-    out[order] = df["key"].map(ref).to_numpy(dtype=float)
+    out[order] = own_median(keys[order], gap, ~hit)
     return out
+
+
+def own_median(keys: np.ndarray, values: np.ndarray, free: np.ndarray) -> np.ndarray:
+    """Per item: the median of `values` over the items of the same key where `free` (no wait overlapped
+    them), the kernel's own figure a wait is measured against; NaN where no item of the key was free."""
+    df = pd.DataFrame({"key": keys, "value": values, "free": free})
+    return df["key"].map(df[df["free"]].groupby("key")["value"].median()).to_numpy(dtype=float)
