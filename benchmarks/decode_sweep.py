@@ -107,7 +107,7 @@ def targeted_candidates(B, S, D, sms, args):
     extra = {int(b): [int(x) for x in xs.split(",")] for b, xs in
              (part.split("=") for part in args.splits_extra.split(";") if part)}.get(B, [])
     cands, seen = [], set()
-    c, splits, _ = resolve(Config(), B, HKV, S, D, sms, True)
+    c, splits, _ = resolve(Config(), B, HKV, S, D, sms, True, gpu=torch.cuda.get_device_name())
     table = {"block_n": c.block_n, "num_warps": c.num_warps, "num_stages": c.num_stages, "tma": bool(c.tma),
              "evict_first": bool(c.evict_first), "splits": splits}
     for bn, w, st, tma, ev in [tuple(table[k] for k in ("block_n", "num_warps", "num_stages", "tma", "evict_first"))] \
@@ -122,10 +122,20 @@ def targeted_candidates(B, S, D, sms, args):
     return cands
 
 
+def with_table(table: dict) -> dict:
+    """The whole tuned file (kernels/flash_decode_tuned.json) with `table` as its GPU's table: replacing the
+    one measured on the same GPU kind, else added after the others."""
+    doc = json.loads(TUNED_FILE.read_text())
+    tables = [t for t in doc.get("tables", []) if t.get("gpu") != table["gpu"]]
+    return {**doc, "tables": tables + [table]}
+
+
 def update_table(rows, meta, out_dir):
-    """Replace the tuned table's entries of the shapes just swept by their new best (kept where the table's
+    """Replace this GPU's tuned entries of the shapes just swept by their new best (kept where the table's
     own config won); writes kernels/flash_decode_tuned.json and a copy under out_dir."""
-    table = load_tuned()
+    table = load_tuned(gpu=meta["gpu_name"])
+    if table.get("gpu") != meta["gpu_name"]:
+        raise SystemExit(f"--update-table: no tuned table for {meta['gpu_name']} yet; run --tune first")
     new = {(r["B"], r["S"], r["D"]): r for r in rows if r.get("best")}
     for e in table["entries"]:
         r = new.get((e["B"], e["S"], e["D"]))
@@ -135,7 +145,7 @@ def update_table(rows, meta, out_dir):
                                          "programs_per_sm")})
             e["us"] = r["us"]
             e["from"] = meta["command"]
-    text = json.dumps(table, indent=1) + "\n"
+    text = json.dumps(with_table(table), indent=1) + "\n"
     TUNED_FILE.write_text(text)
     (out_dir / "flash_decode_tuned.json").write_text(text)
 

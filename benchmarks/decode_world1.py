@@ -17,8 +17,8 @@ The read floor is (K, V, q and out bytes) / the read bandwidth this run measures
 (the graph timing and the read: benchmarks/graph_timing.py).
 
 --tune sweeps block_n, num_warps, num_stages, TMA or pointer loads, evict-first and programs per SM for
-every shape, re-times the best few, and writes the best of each as a table in the format of
-kernels/flash_decode_tuned.json. With --splits-extra it times given split counts for the best kernel
+every shape, re-times the best few, and writes the best of each as this GPU's table of
+kernels/flash_decode_tuned.json (one table per GPU kind; the written file holds the others as they were). With --splits-extra it times given split counts for the best kernel
 variants of a --prior sweep against the table's own config, and --update-table writes the winners into
 kernels/flash_decode_tuned.json (what reports/flash_decode/decode_tune2-h100.json did).
 
@@ -43,7 +43,7 @@ from taxes.reports.markdown_table import md_table
 
 from graph_timing import read_all, read_bandwidth, time_graph, time_host
 from decode_methods import HKV, HQ, TOLERANCE, check_and_time, check_variants, log, make_sets, measure_ours, sdpa_peers
-from decode_sweep import compile_ahead, kernel_variants, tune_shape, update_table
+from decode_sweep import compile_ahead, kernel_variants, tune_shape, update_table, with_table
 
 SHAPES = [(B, S, D) for D in (128, 64) for B in (1, 4, 16) for S in (8192, 32768, 131072)]
 SMOKE_SHAPES = [(1, 64, 64), (2, 40, 128)]  # with Hq=8, Hkv=2 under the interpreter
@@ -70,7 +70,8 @@ def run(args):
     if args.tune and not smoke:
         compile_ahead(sorted({(D,) + v for D in {D for _, _, D in shapes} for v in kernel_variants(D)}), 150)
     elif not smoke:
-        table = load_tuned()
+        table = load_tuned(gpu=meta["gpu_name"])
+        meta["tuned_table"] = {k: table.get(k) for k in ("gpu", "made_by", "date")}
         chosen = set()
         for B, S, D in shapes:
             c, _, _ = resolve(Config(), B, HKV, S, D, sms, True, table)
@@ -201,9 +202,10 @@ def write(out_dir: Path, args, rows, sweep, meta):
                                 "evict_first": b["evict_first"], "splits": b["splits"],
                                 "programs_per_sm": b["programs_per_sm"], "sm_count": meta["sm_count"], "us": r["us"],
                                 "sdpa_lse": r.get("sdpa_lse")})
-        table = {"made_by": meta["command"], "date": meta["date"], "gpu": meta["gpu_name"], "entries": entries}
+        table = {"gpu": meta["gpu_name"], "made_by": meta["command"], "date": meta["date"], "entries": entries}
         if not args.update_table:  # else update_table's merged table is the one to keep
-            (out_dir / "flash_decode_tuned.json").write_text(json.dumps(table, indent=1))
+            # the whole file with this GPU's table replaced: copied over kernels/flash_decode_tuned.json as is
+            (out_dir / "flash_decode_tuned.json").write_text(json.dumps(with_table(table), indent=1) + "\n")
     else:
         (out_dir / f"{name}.json").write_text(json.dumps(rows, indent=1))
         (out_dir / f"{name}-meta.json").write_text(json.dumps(meta, indent=1))

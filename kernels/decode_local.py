@@ -19,8 +19,8 @@ batch 1 (a few programs looping over 32 partial sets after the split kernel ende
 arriver runs while other groups still stream KV, and only the last group's merge is exposed. A group of
 one split (large batches) writes its rows at once: no partial, no ticket, no merge. K and V
 come through TMA descriptors or pointer loads, block size, warps, pipeline stages and splits as the
-tuned table (kernels/flash_decode_tuned.json, measured by benchmarks/decode_world1.py --tune) says for
-the shape.
+tuned table of the GPU (kernels/flash_decode_tuned.json, measured by benchmarks/decode_world1.py --tune)
+says for the shape.
 
 The partials' merge across GPUs (the combine kernels, the variants: kernels/flash_decode.py) reads what
 `LocalDecode.packed` and `LocalDecode.push` leave.
@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from taxes.kernels.launch import BoundedCache, BoundLaunch, DescriptorCache, buffer_key
-from taxes.kernels.device import interpreting, sm_count_of
+from taxes.kernels.device import gpu_name_of, interpreting, sm_count_of
 from taxes.kernels.sync import peer_ptr, signal
 
 try:  # host-side TMA descriptors (Triton 3.3 and later)
@@ -82,17 +82,22 @@ def split_count(S: int, B: int, Hkv: int, sm_count: int, block_n: int, requested
     return math.ceil(S / per), per
 
 
-def load_tuned(path: Path = TUNED_FILE) -> dict:
+def load_tuned(path: Path = TUNED_FILE, gpu: str | None = None) -> dict:
+    """The tuned table measured on `gpu` (its name as CUDA gives it), else the file's first table:
+    {"gpu", "made_by", "date", "source", "entries"}; {} without a readable file. One table per GPU kind,
+    since the best block, stages and splits move with the HBM rate (the H100's configurations leave an
+    H200's decode 10-30% slower at some shapes: reports/flash_decode/decode_tune-h200.json.gz)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        tables = json.loads(path.read_text()).get("tables") or []
+    except (OSError, ValueError, AttributeError):
         return {}
+    return next((t for t in tables if gpu and t.get("gpu") == gpu), tables[0] if tables else {})
 
 
-def tuned_entry(B: int, Hkv: int, S: int, D: int, table: dict | None = None) -> dict | None:
+def tuned_entry(B: int, Hkv: int, S: int, D: int, table: dict | None = None, gpu: str | None = None) -> dict | None:
     """The tuned table's entry for this shape, or for the nearest measured one: same head dim (else the
     nearest), then the least |log2| distance in (batch x KV heads) plus in S. None without a table."""
-    rows = (load_tuned() if table is None else table).get("entries", [])
+    rows = (load_tuned(gpu=gpu) if table is None else table).get("entries", [])
     if not rows:
         return None
     dist_d = min(abs(math.log2(r["D"] / D)) for r in rows)
@@ -102,12 +107,12 @@ def tuned_entry(B: int, Hkv: int, S: int, D: int, table: dict | None = None) -> 
 
 
 def resolve(config: Config, B: int, Hkv: int, S: int, D: int, sm_count: int, on_gpu: bool,
-            table: dict | None = None) -> tuple[Config, int, int]:
+            table: dict | None = None, gpu: str | None = None) -> tuple[Config, int, int]:
     """Fill the config's open fields (0) and split the sequence: (config, splits, tokens per split).
-    On a GPU the open fields come from the tuned table (kernels/flash_decode_tuned.json): its splits
+    On a GPU the open fields come from the tuned table of that GPU (kernels/flash_decode_tuned.json): its splits
     where the shape and SM count are the ones measured, else its programs-per-SM rule; elsewhere (the
     interpreter) from block_n_for, 4 warps, 2 stages and two programs per SM."""
-    e = tuned_entry(B, Hkv, S, D, table) if on_gpu else None
+    e = tuned_entry(B, Hkv, S, D, table, gpu) if on_gpu else None
     pick = {"block_n": block_n_for(B, Hkv), "num_warps": 4, "num_stages": 2, "tma": False, "evict_first": False}
     if e:
         pick = {k: e.get(k, v) for k, v in pick.items()}
@@ -351,7 +356,7 @@ class LocalDecode:
         self.device = device
         self.interp = interpreting()
         self.cfg, self.n_splits, self.split_len = resolve(config, B, Hkv, S, D, sm_count_of(device),
-                                                          device.type == "cuda", table)
+                                                          device.type == "cuda", table, gpu_name_of(device))
         self.merge_rows, self.merge_splits = _merge_tile(self.G, D, self.cfg.num_warps)
         self.tma = bool(self.cfg.tma) and S % self.cfg.block_n == 0 and TensorDescriptor is not None
         self.o_part = torch.empty(self.R * self.n_splits * D, dtype=torch.float32, device=device)

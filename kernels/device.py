@@ -55,3 +55,8 @@ def sm_count_of(device: torch.device) -> int:
     """The SMs a kernel's grid is sized for: the GPU's, or 4 stand-in SMs off a GPU, so that under the
     interpreter a few programs (persistent CTAs, splits of the sequence) run the same scheduling logic."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def gpu_name_of(device: torch.device) -> str | None:
+    """The GPU's name as CUDA gives it (the key of the per-GPU tuned tables); None off a GPU."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None

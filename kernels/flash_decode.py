@@ -41,7 +41,7 @@ from taxes.kernels.decode_local import (
     tuned_entry,
 )
 from taxes.kernels.launch import BoundedCache, BoundLaunch, buffer_key
-from taxes.kernels.device import interpreting, replay_graph
+from taxes.kernels.device import gpu_name_of, interpreting, replay_graph
 from taxes.kernels.rank import RankContext
 from taxes.kernels.sync import (
     ERR_WORDS,
@@ -349,7 +349,7 @@ class FlashDecode:
         raise RuntimeError("no PyTorch attention backend with the log-sum-exp runs this shape: " + "; ".join(failures))
 
     def _sdpa_order(self) -> list[str]:
-        e = tuned_entry(self.B, self.Hkv, self.S, self.D)
+        e = tuned_entry(self.B, self.Hkv, self.S, self.D, gpu=gpu_name_of(self.ctx.device))
         first = e.get("sdpa_lse") if e else None
         return ([first] if first in SDPA_LSE_BACKENDS else []) + [b for b in SDPA_LSE_BACKENDS if b != first]
 

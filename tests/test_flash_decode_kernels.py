@@ -5,6 +5,7 @@ poisoned with NaN first, three calls in a row (both inbox parities, and the sent
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -18,6 +19,7 @@ from rank_jobs import flash_decode_job
 from taxes.kernels import flash_decode as fd
 from taxes.kernels.decode_local import (
     LOG2E,
+    TUNED_FILE,
     Config,
     LocalDecode,
     attention_partial_f32,
@@ -167,10 +169,29 @@ def test_tuned_table_lookup_takes_the_nearest_shape_of_the_same_head_dim():
     assert cfg.tma is False and splits == 1  # off a GPU: no table (4 stand-in SMs, 2 per SM, 8 groups)
 
 
-def test_committed_tuned_table_covers_the_benchmark_shapes_with_valid_configs():
-    entries = load_tuned()["entries"]
-    shapes = {(e["B"], e["S"], e["D"]) for e in entries}
-    assert shapes == {(B, S, D) for B in (1, 4, 16) for S in (8192, 32768, 131072) for D in (64, 128)}
+def test_tuned_tables_are_per_gpu_kind_and_an_unknown_gpu_takes_the_first(tmp_path):
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"tables": [{"gpu": "GPU A", "entries": [_entry(1, 8192, 128, block_n=32)]},
+                                           {"gpu": "GPU B", "entries": [_entry(1, 8192, 128, block_n=128)]}]}))
+    assert load_tuned(path, "GPU B")["entries"][0]["block_n"] == 128
+    assert load_tuned(path, "GPU A")["entries"][0]["block_n"] == 32
+    assert load_tuned(path, "GPU C")["gpu"] == "GPU A" and load_tuned(path)["gpu"] == "GPU A"
+    path.write_text("not json")
+    assert load_tuned(path, "GPU A") == {}
+
+
+def test_committed_tuned_tables_cover_the_benchmark_shapes_with_valid_configs():
+    tables = json.loads(TUNED_FILE.read_text())["tables"]
+    assert len({t["gpu"] for t in tables}) == len(tables) >= 2
+    for t in tables:
+        assert load_tuned(gpu=t["gpu"]) == t
+        entries = t["entries"]
+        shapes = {(e["B"], e["S"], e["D"]) for e in entries}
+        assert shapes == {(B, S, D) for B in (1, 4, 16) for S in (8192, 32768, 131072) for D in (64, 128)}
+        _check_entries(entries)
+
+
+def _check_entries(entries):
     for e in entries:
         assert e["block_n"] in (16, 32, 64, 128, 256) and e["num_warps"] in (2, 4, 8) and e["num_stages"] >= 1
         assert 1 <= e["splits"] <= math.ceil(e["S"] / e["block_n"]) and e["Hkv"] == 8

@@ -98,8 +98,9 @@ def _checkout(tmp_path: Path) -> Path:
         'd = make_workload("gemm-rs", {}, 4)\n')
     (tmp_path / "kernels" / "ag_gemm_tuned.json").write_text(json.dumps({"entries": [
         {"variant": "fused-push", "M": 512, "N": 28672, "K": 4096, "world": 2}]}))
-    (tmp_path / "kernels" / "flash_decode_tuned.json").write_text(json.dumps({"entries": [
-        {"B": 16, "Hkv": 8, "S": 8192, "D": 128}]}))
+    (tmp_path / "kernels" / "flash_decode_tuned.json").write_text(json.dumps({"tables": [  # one per GPU kind
+        {"gpu": "A", "entries": [{"B": 1, "Hkv": 8, "S": 8192, "D": 128}]},
+        {"gpu": "B", "entries": [{"B": 16, "Hkv": 8, "S": 8192, "D": 128}]}]}))
     return tmp_path
 
 

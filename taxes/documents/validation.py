@@ -200,15 +200,17 @@ def held_out(cases: list[tuple[str, dict]], root: Path = ROOT) -> list[dict]:
     when neither does. A test names a shape when one of its lines gives its dimensions (DIM=VALUE or
     "DIM": VALUE, the workload's defaults filling the rest; a make_workload with no dimensions names the
     defaults); a tuning table (kernels/*_tuned.json) holds it when the dimensions an entry names are the
-    shape's, at any world. `known` is False where the checkout has no tests/ to look in."""
+    shape's, at any world and on any GPU kind. `known` is False where the checkout has no tests/ to look in."""
     tests = sorted((root / "tests").glob("*.py"))
     lines = [(p.name, s) for p in tests for line in p.read_text(errors="replace").splitlines()
              for s in _line_shapes(line)]
     tables = {}
     for p in sorted((root / "kernels").glob("*_tuned.json")):
         try:
-            tables[p.name.removesuffix("_tuned.json")] = json.loads(p.read_text()).get("entries", [])
-        except (OSError, ValueError):
+            doc = json.loads(p.read_text())
+            tables[p.name.removesuffix("_tuned.json")] = doc.get("entries", []) + [
+                e for t in doc.get("tables", []) for e in t.get("entries", [])]  # one table per GPU kind
+        except (OSError, ValueError, AttributeError):
             continue
     out = []
     for workload, shape in cases:
