@@ -65,8 +65,8 @@ def run(args):
     if bw:
         log(f"read bandwidth: {bw['read_gb_per_s']:.0f} GB/s {json.dumps(bw['ways'])}")
     shapes = SMOKE_SHAPES if smoke else SHAPES
-    if args.shapes:
-        shapes = [s for s in shapes if f"{s[0]}x{s[1]}x{s[2]}" in args.shapes.split(",")]
+    if args.shapes:  # any BxSxD, the table's or not (a shape no table was tuned at shows the lookup's pick)
+        shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     if args.tune and not smoke:
         compile_ahead(sorted({(D,) + v for D in {D for _, _, D in shapes} for v in kernel_variants(D)}), 150)
     elif not smoke:
@@ -229,7 +229,7 @@ def main():
     ap.add_argument("--commit", default=None, help="the git commit that ran (the device copy has no .git)")
     ap.add_argument("--tune", action="store_true", help="sweep configurations instead of the benchmark")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes under the interpreter, no GPU")
-    ap.add_argument("--shapes", default="", help="only these BxSxD, comma-separated")
+    ap.add_argument("--shapes", default="", help="these BxSxD instead, comma-separated")
     ap.add_argument("--replays", type=int, default=40)
     ap.add_argument("--tune-replays", type=int, default=5)
     ap.add_argument("--refine", type=int, default=4, help="tune: re-time this many best configs at --replays")

@@ -74,9 +74,11 @@ def block_n_for(B: int, Hkv: int) -> int:
 
 def split_count(S: int, B: int, Hkv: int, sm_count: int, block_n: int, requested: int = 0,
                 programs_per_sm: float = 2.0) -> tuple[int, int]:
-    """(splits, tokens per split): about programs_per_sm programs per SM unless `requested`; no split
-    empty, each a multiple of block_n."""
-    want = requested or max(1, math.ceil(programs_per_sm * sm_count / (B * Hkv) - 1e-3))  # 1e-3: a rounded rate
+    """(splits, tokens per split): at most programs_per_sm programs per SM unless `requested`; no split
+    empty, each a multiple of block_n. Rounded down: a program beyond the rate starts a wave of its own and
+    costs a whole program's time (at B=2, Hkv=8 on 132 SMs, 9 splits at one per SM made 144 programs, and
+    the decode 1.6x its floor)."""
+    want = requested or max(1, math.floor(programs_per_sm * sm_count / (B * Hkv) + 1e-3))  # 1e-3: a rounded rate
     want = max(1, min(want, math.ceil(S / block_n)))
     per = math.ceil(math.ceil(S / want) / block_n) * block_n
     return math.ceil(S / per), per

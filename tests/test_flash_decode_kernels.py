@@ -158,7 +158,7 @@ def test_tuned_table_lookup_takes_the_nearest_shape_of_the_same_head_dim():
     cfg, splits, per = resolve(Config(), 1, 8, 8192, 128, 132, True, table)  # measured shape: its splits
     assert (cfg.block_n, splits, per) == (128, 16, 512)
     cfg, splits, per = resolve(Config(), 2, 8, 4608, 128, 132, True, table)  # between: the small entry's rule
-    assert cfg.block_n == 128 and (splits, per) == (9, 512)  # one program per SM: ceil(132 / 16) splits
+    assert cfg.block_n == 128 and (splits, per) == (8, 640)  # one program per SM: 8 x 16 = 128 <= 132 programs
     cfg, _, _ = resolve(Config(), 8, 8, 65536, 128, 132, True, table)
     assert cfg.block_n == 32  # nearer to B=16, S=128K than to B=1, S=8K
     cfg, _, _ = resolve(Config(), 16, 8, 131072, 64, 132, True, table)
@@ -213,6 +213,14 @@ def test_split_count_never_leaves_a_split_empty():
             n, per = split_count(S, B, Hkv, 132, 64)
             assert per % 64 == 0 and n >= 1
             assert (n - 1) * per < S <= n * per  # every split has tokens, all tokens are covered
+
+
+def test_split_count_never_starts_a_wave_beyond_the_rate():
+    # a program past programs_per_sm x SMs runs in a wave of its own: the rate is a ceiling, met where it can be
+    for B, Hkv, sms, pps in ((2, 8, 132, 1.0), (1, 8, 132, 1.0), (4, 8, 132, 0.9697), (3, 8, 132, 2.0), (1, 1, 4, 2.0)):
+        n, _ = split_count(1 << 20, B, Hkv, sms, 64, 0, pps)
+        assert n * B * Hkv <= pps * sms + 1e-6 * sms and (n + 1) * B * Hkv > pps * sms - 1e-6 * sms
+    assert split_count(1 << 20, 200, 8, 132, 64, 0, 1.0)[0] == 1  # more groups than SMs: still one split each
 
 
 def test_combine_math_is_safe_for_far_apart_log_sum_exps():
