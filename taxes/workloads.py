@@ -191,6 +191,8 @@ class FlashDecode:
     def intermediate_bytes(self, variant: str, splits: int = 1) -> float:
         p, part = self.world, self.partial_bytes()
         split_round_trip = 2 * splits * part  # the split-KV kernel's partials, written then read by the combine
+        if variant == "bsp-sdpa":  # PyTorch's attention writes o and lse, a kernel packs them (its splits: its own)
+            return 4 * part + 2 * p * part
         if _bulk(self.name, variant):
             # local combine writes the rank's partial, the all-gather reads it and writes p of them,
             # the global combine reads those back.
@@ -209,9 +211,10 @@ class FlashDecode:
         return {"local-decode": (local[0], local[1] + (p - 1) * part), "fused-combine": (0.0, p * part + q_out)}
 
     def kernel_count(self, variant: str) -> int:
-        # bsp: the local decode, all-gather, global combine. fused: the local decode (which pushes the
-        # rank's partial to its peers) and the combine that merges them as they arrive.
-        return 3 if _bulk(self.name, variant) else 2
+        # bsp: the local decode, all-gather, global combine; bsp-sdpa: PyTorch's attention call and the
+        # kernel that packs its output before them. fused: the local decode (which pushes the rank's
+        # partial to its peers) and the combine that merges them as they arrive.
+        return (4 if variant == "bsp-sdpa" else 3) if _bulk(self.name, variant) else 2
 
 
 @dataclass(frozen=True)

@@ -163,9 +163,10 @@ def test_each_launcher_kind_gets_its_own_host_cost():
     for r in ranks:
         r["figures"]["launch"]["triton_tma_host_us"] = _noisy(rng, 61.0, 7)
         r["figures"]["launch"]["graph_host_us"] = _noisy(rng, 9.0, 7)
+        r["figures"]["launch"]["sdpa_host_us"] = _noisy(rng, 83.0, 7)
     prof, _ = assemble(ranks)
     want = {"triton": TRUTH["triton_host_us"], "torch": TRUTH["torch_host_us"], "nccl": TRUTH["nccl_host_us"],
-            "triton_tma": 61.0, "graph": 9.0}
+            "triton_tma": 61.0, "graph": 9.0, "sdpa": 83.0}
     assert set(prof.launch_host_us) == set(want)
     for kind, us in want.items():
         assert prof.launch_us(kind) == pytest.approx(us, rel=0.02), kind

@@ -233,6 +233,29 @@ def test_graph_changes_only_the_launch_tax(w, hw_name):
     assert eager.components["launch"] >= graph.components["launch"] * (1 - 1e-12)
 
 
+def test_pytorch_attention_call_is_priced_by_its_own_host_time():
+    """Eager bsp-sdpa: PyTorch's attention call costs the "sdpa" launcher's host time and a pack kernel
+    follows it; everything after it waits for the host. In a graph the call's host time is gone."""
+    import dataclasses
+
+    base = BUILTIN["h200-sxm"]
+    w = make_workload("flash-decode", {"B": 1, "Hq": 8, "Hkv": 1, "D": 128, "S": 2048}, 2)  # tiny: host-bound
+    costs = {"torch": 7.0, "triton": 11.0, "triton_tma": 13.0, "nccl": 25.0, "graph": 9.0}
+    cheap = dataclasses.replace(base, launch_host_us=costs | {"sdpa": 11.0})
+    dear = dataclasses.replace(base, launch_host_us=costs | {"sdpa": 111.0})
+    ours, theirs, theirs_dear = predict(w, "bsp", cheap), predict(w, "bsp-sdpa", cheap), predict(w, "bsp-sdpa", dear)
+    assert [ph.name for ph in theirs.phases] == ["local_sdpa", "pack", "all_gather_partials", "global_combine"]
+    assert [ph.name for ph in ours.phases] == ["local_decode", "all_gather_partials", "global_combine"]
+    # the pack kernel's host call (a Triton launch) comes after the attention call and before the collective
+    assert theirs.phases[2].start_us >= 11.0 + costs["triton"] + costs["nccl"] - 1e-9
+    assert theirs_dear.e2e_us - theirs.e2e_us == pytest.approx(100.0)
+    assert theirs_dear.components["launch"] - theirs.components["launch"] == pytest.approx(100.0)
+    assert "bsp-sdpa" in [p.variant for p in predict_all(w, dear)]
+    # graphed, the attention's host time does not count: bsp-sdpa-graph is modelled as bsp-graph
+    with pytest.raises(TaxesError):
+        predict(w, "bsp-sdpa-graph", dear)
+
+
 def test_eager_launches_cost_their_launchers_host_time():
     """Eager: the host issues each step after the previous call returned, at its launcher's cost; a graph
     costs one replay call. Only the launch tax moves when one launcher gets dearer."""

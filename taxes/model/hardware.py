@@ -21,7 +21,7 @@ PROFILE_SCHEMA = "taxes.hardware"
 PROFILE_VERSION = 1
 # Launcher kinds with their own host cost: a torch op, a plain Triton kernel, a Triton kernel whose
 # launcher also builds TMA descriptors (our fused GEMMs), an NCCL collective, one CUDA graph replay.
-LAUNCHERS = ("torch", "triton", "triton_tma", "nccl", "graph")
+LAUNCHERS = ("torch", "triton", "triton_tma", "nccl", "graph", "sdpa")  # sdpa: PyTorch's attention call (lse op)
 COMBINE_KEYS = ("base", "per_set")
 MAX_PROFILE_BYTES = 16 * 1024 * 1024  # a profile with calibration curves is tens of KiB; refuse more than this
 # The slowest rates a profile may state: far below any GPU's, yet high enough that a time divided by them

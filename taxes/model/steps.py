@@ -228,9 +228,17 @@ def _flash_decode_steps(w: FlashDecode, variant: str, hw: HardwareProfile, fl: F
     # bsp: the group's last program also writes the rank's packed partial for the all-gather
     decode = _compute_step("local_decode", fl, _work_us(w, hw, hw.matmul_efficiency),
                            _hbm_us(2 * split_io + (part if bsp else 0.0), hw), launcher="triton")
+    if variant == "bsp-sdpa":
+        # PyTorch's attention call (its host time is the "sdpa" launcher's), then a kernel that packs its
+        # output and log-sum-exp into the partial the all-gather sends
+        decode = _compute_step("local_sdpa", fl, _work_us(w, hw, hw.matmul_efficiency), _hbm_us(part, hw),
+                               launcher="sdpa")
+        pack = [_small_kernel_step("pack", hw, _hbm_us(2 * part, hw))]
+    else:
+        pack = []
     if bsp:
         return [
-            decode,
+            decode, *pack,
             _collective_step("all_gather_partials", "all_gather", w, hw, fl, w.link_bytes(),
                              _hbm_us(part + p * part, hw), part, skew_us),
             _small_kernel_step("global_combine", hw, _hbm_us(p * part, hw), floor_us=hw.combine_kernel_us(p)),

@@ -80,22 +80,25 @@ def measure_launch(ctx, plan: Plan, cycles_per_us: float) -> dict:
     def triton_tma_launch():
         gemm(ga, gw, go)
 
+    sdpa_launch, sdpa_backend = _sdpa_call(ctx.device)
+
     one = torch.cuda.CUDAGraph()  # one CUDA graph replay's host call (a one-kernel graph)
     with torch.cuda.graph(one):
         triton_launch()
 
+    kinds = [("triton_host_us", triton_launch), ("torch_host_us", torch_launch),
+             ("triton_tma_host_us", triton_tma_launch), ("graph_host_us", one.replay)]
+    if sdpa_launch is not None:
+        kinds.append(("sdpa_host_us", sdpa_launch))
     for _ in range(20):
-        triton_launch()
-        torch_launch()
-        triton_tma_launch()
-        one.replay()
+        for _, fn in kinds:
+            fn()
     torch.cuda.synchronize()
     out = {"launches": n, "triton_host_us": [], "torch_host_us": [], "triton_tma_host_us": [], "graph_host_us": [],
-           "eager_device_us": [], "prefilled_device_us": [], "prefilled_ahead": [], "graph_device_us": [],
-           "graph_ahead": []}
+           "sdpa_host_us": [], "sdpa_backend": sdpa_backend, "eager_device_us": [], "prefilled_device_us": [],
+           "prefilled_ahead": [], "graph_device_us": [], "graph_ahead": []}
     for _ in range(plan.reps):
-        for key, fn in (("triton_host_us", triton_launch), ("torch_host_us", torch_launch),
-                        ("triton_tma_host_us", triton_tma_launch), ("graph_host_us", one.replay)):
+        for key, fn in kinds:
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -121,9 +124,28 @@ def measure_launch(ctx, plan: Plan, cycles_per_us: float) -> dict:
         us, ahead = device_batch_us(graph.replay, 1, cycles_per_us, spin_us=1000)
         out["graph_device_us"].append(us / n)
         out["graph_ahead"].append(ahead)
-    out["first_launch"] = {kind: idle_launch(fn, plan.reps, cycles_per_us) for kind, fn in (
-        ("triton", triton_launch), ("torch", torch_launch), ("triton_tma", triton_tma_launch), ("graph", one.replay))}
+    out["first_launch"] = {key.removesuffix("_host_us"): idle_launch(fn, plan.reps, cycles_per_us) for key, fn in kinds}
     return out
+
+
+def _sdpa_call(device) -> tuple[object, str | None]:
+    """(fn, backend): one eager call of PyTorch's attention with the log-sum-exp as flash decode's bsp-sdpa
+    makes it (kernels/flash_decode.py sdpa_lse: the GQA group as the query length) at a small decode shape,
+    with the first backend that runs it (flash first: the one the tuned tables name at most shapes); (None,
+    None) where none runs. Its host time is the model's "sdpa" launcher: tens of us, several times a kernel's."""
+    from taxes.kernels.flash_decode import sdpa_lse
+
+    q = torch.randn(1, 8, 128, dtype=torch.bfloat16, device=device)
+    k = torch.randn(1, 1, 4096, 128, dtype=torch.bfloat16, device=device)
+    v = torch.randn_like(k)
+    for backend in ("flash", "cudnn", "efficient"):
+        try:
+            sdpa_lse(q, k, v, backend)
+            torch.cuda.synchronize()
+        except RuntimeError:
+            continue
+        return (lambda: sdpa_lse(q, k, v, backend)), backend
+    return None, None
 
 
 def idle_launch(fn, reps: int, cycles_per_us: float) -> dict:

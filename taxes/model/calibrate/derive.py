@@ -113,7 +113,8 @@ def _derive_launch(rs, nccl_rs):
     host = {k: statistics.median(v) for k in ("triton_host_us", "torch_host_us")
             if (v := valid_values(_pool(rs, k)))}
     # kinds measured beside the three of launch_eager_us's mean (older readings lack them)
-    more = {k: statistics.median(v) for k in ("triton_tma_host_us", "graph_host_us") if (v := valid_values(_pool(rs, k)))}
+    more = {k: statistics.median(v) for k in ("triton_tma_host_us", "graph_host_us", "sdpa_host_us")
+            if (v := valid_values(_pool(rs, k)))}
     nccl_host = valid_values(_pool(nccl_rs, "small_host_us"))
     if nccl_host:
         host["nccl_host_us"] = statistics.median(nccl_host)
