@@ -178,6 +178,24 @@ def test_each_launcher_kind_gets_its_own_host_cost():
     assert profile_from_dict(profile_to_dict(prof)).launch_host_us == prof.launch_host_us
 
 
+def test_one_gpu_takes_the_all_gather_host_cost_from_the_launch_figure():
+    """One GPU has no collective figures, but the one-rank all-gather's host call is timed beside the launches:
+    it becomes the nccl launcher's cost (and joins launch_eager_us's mean); at two GPUs the collective figure's
+    small sizes are the ones kept."""
+    rng = random.Random(3)
+    one = synthetic_ranks(rng, world=1)
+    one[0]["figures"]["launch"]["nccl_host_us"] = _noisy(rng, 47.0, 7)
+    prof, _ = assemble(one)
+    assert prof.launch_us("nccl") == pytest.approx(47.0, rel=0.02)
+    assert prof.launch_eager_us == pytest.approx((TRUTH["triton_host_us"] + TRUTH["torch_host_us"] + 47.0) / 3, rel=0.02)
+    without, _ = assemble(synthetic_ranks(random.Random(3), world=1))
+    assert "nccl" not in without.launch_host_us
+    two = synthetic_ranks(random.Random(3), world=2)
+    for r in two:
+        r["figures"]["launch"]["nccl_host_us"] = _noisy(rng, 47.0, 7)
+    assert assemble(two)[0].launch_us("nccl") == pytest.approx(TRUTH["nccl_host_us"], rel=0.02)
+
+
 @pytest.mark.parametrize("world", [2])
 def test_measured_and_datasheet_peaks_predict_the_same_times(world):
     """Only the floor moves between the two peak conventions: efficiency x peak is the measured rate either

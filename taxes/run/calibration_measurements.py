@@ -90,12 +90,16 @@ def measure_launch(ctx, plan: Plan, cycles_per_us: float) -> dict:
              ("triton_tma_host_us", triton_tma_launch), ("graph_host_us", one.replay)]
     if sdpa_launch is not None:
         kinds.append(("sdpa_host_us", sdpa_launch))
+    if ctx.world == 1 and dist.is_initialized():  # NCCL's one-rank all-gather (a copy) still costs c10d's host call
+        gather_in = torch.zeros(256, dtype=torch.float32, device=ctx.device)
+        gather_out = torch.empty_like(gather_in)
+        kinds.append(("nccl_host_us", lambda: dist.all_gather_into_tensor(gather_out, gather_in)))
     for _ in range(20):
         for _, fn in kinds:
             fn()
     torch.cuda.synchronize()
     out = {"launches": n, "triton_host_us": [], "torch_host_us": [], "triton_tma_host_us": [], "graph_host_us": [],
-           "sdpa_host_us": [], "sdpa_backend": sdpa_backend, "eager_device_us": [], "prefilled_device_us": [],
+           "sdpa_host_us": [], "nccl_host_us": [], "sdpa_backend": sdpa_backend, "eager_device_us": [], "prefilled_device_us": [],
            "prefilled_ahead": [], "graph_device_us": [], "graph_ahead": []}
     for _ in range(plan.reps):
         for key, fn in kinds:

@@ -115,7 +115,9 @@ def _derive_launch(rs, nccl_rs):
     # kinds measured beside the three of launch_eager_us's mean (older readings lack them)
     more = {k: statistics.median(v) for k in ("triton_tma_host_us", "graph_host_us", "sdpa_host_us")
             if (v := valid_values(_pool(rs, k)))}
-    nccl_host = valid_values(_pool(nccl_rs, "small_host_us"))
+    # the all-gather's host call: measure_nccl's small sizes, else (one GPU: no collective figures) the launch
+    # figure's back-to-back one-rank all-gather
+    nccl_host = valid_values(_pool(nccl_rs, "small_host_us")) or valid_values(_pool(rs, "nccl_host_us"))
     if nccl_host:
         host["nccl_host_us"] = statistics.median(nccl_host)
     if not host:
