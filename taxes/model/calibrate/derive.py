@@ -137,11 +137,16 @@ def _derive_launch(rs, nccl_rs):
     first = {}  # every rank's idle-launch readings pooled per kind (older readings have none)
     for r in rs:
         for kind, reading in (r.get("first_launch") or {}).items():
-            pooled = first.setdefault(kind, {"idle_us": [], "device_us": []})
+            pooled = first.setdefault(kind, {"idle_us": [], "device_us": [], "host_us": []})
             for key in pooled:
                 pooled[key] += list(reading.get(key) or [])
     if first_launch_figures(first):
         out["first_launch_us"] = first_launch_figures(first)
+    # one call's host time right after a drained device, per kind (the model takes the back-to-back figure;
+    # this one is kept beside it: an iteration's calls are each one call, not one of a hundred)
+    cold = {kind: statistics.median(v) for kind, r in first.items() if (v := valid_values(r["host_us"]))}
+    if cold:
+        out["launch_cold_host_us"] = cold
     return out
 
 
