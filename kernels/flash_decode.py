@@ -348,6 +348,13 @@ class FlashDecode:
             return res
         raise RuntimeError("no PyTorch attention backend with the log-sum-exp runs this shape: " + "; ".join(failures))
 
+    def describe(self) -> dict:
+        """What ran, for the result document: the local decode's resolved configuration (splits and programs
+        included), or the PyTorch attention backend bsp-sdpa found; the combine's rows per program."""
+        if self.sdpa:
+            return {"sdpa_backend": self.sdpa_backend, "block_r": self.cfg.block_r}
+        return {**self.decode.describe(), "block_r": self.cfg.block_r, "signal": self.cfg.signal}
+
     def _sdpa_order(self) -> list[str]:
         e = tuned_entry(self.B, self.Hkv, self.S, self.D, gpu=gpu_name_of(self.ctx.device))
         first = e.get("sdpa_lse") if e else None

@@ -135,24 +135,24 @@ def check_shape(M: int, H: int, F: int, world: int) -> None:
         raise ValueError(f"F={F} is not divisible by the world size {world} (W1 and W2 are split along F)")
 
 
-_PARTS = {"ag": ag.Config, "rs": rs.Config, "swiglu": SwigluConfig}
+CONFIG_PARTS = {"ag": ag.Config, "rs": rs.Config, "swiglu": SwigluConfig}  # --config's ag., rs. and swiglu. keys
 
 
 def split_overrides(overrides: dict | None) -> dict[str, dict]:
     """Configuration overrides -> {"ag": {...}, "rs": {...}, "swiglu": {...}}. "ag.KEY", "rs.KEY" and
     "swiglu.KEY" go to that part alone; a plain KEY goes to every part whose configuration has it (so
     block_m=16 tiles both GEMMs). A key no part knows is a one-line ValueError."""
-    out: dict[str, dict] = {part: {} for part in _PARTS}
-    names = {part: {f.name for f in fields(cls)} for part, cls in _PARTS.items()}
+    out: dict[str, dict] = {part: {} for part in CONFIG_PARTS}
+    names = {part: {f.name for f in fields(cls)} for part, cls in CONFIG_PARTS.items()}
     items = sorted((overrides or {}).items(), key=lambda kv: "." in kv[0])  # a part's own key wins over a plain one
     for key, value in items:
         part, dot, name = key.partition(".")
         if dot:
-            if part not in _PARTS or name not in names[part]:
-                raise ValueError(f"tp-mlp has no configuration key {key!r} (parts: {', '.join(_PARTS)})")
+            if part not in CONFIG_PARTS or name not in names[part]:
+                raise ValueError(f"tp-mlp has no configuration key {key!r} (parts: {', '.join(CONFIG_PARTS)})")
             out[part][name] = value
             continue
-        owners = [p for p in _PARTS if key in names[p]]
+        owners = [p for p in CONFIG_PARTS if key in names[p]]
         if not owners:
             raise ValueError(f"tp-mlp has no configuration key {key!r} (keys of ag-gemm, gemm-rs or swiglu, "
                              f"optionally as ag.KEY, rs.KEY, swiglu.KEY)")

@@ -152,6 +152,15 @@ def test_first_launch_is_the_start_events_time_to_the_kernels_start():
     w = make_workload("flash-decode", {"B": 1, "S": 32768}, 1)
     assert predict(w, "bsp", prof).phases[0].start_us == pytest.approx(got["triton"])
     assert predict(w, "bsp-graph", prof).phases[0].start_us == pytest.approx(got["graph"])
+    assert "launch_cold_host_us" not in raw["figures"]  # readings without one call's host time: none made up
+    # with it: one call's host time after a drained device, per kind, kept beside the back-to-back figure
+    cold = {"triton": 70.0, "torch": 60.0, "triton_tma": 45.0, "graph": 20.0}
+    for r in ranks:
+        for k, reading in r["figures"]["launch"]["first_launch"].items():
+            reading["host_us"] = _noisy(rng, cold[k], 7, 0.01)
+    prof_cold, raw_cold = assemble(ranks)
+    assert raw_cold["figures"]["launch_cold_host_us"] == pytest.approx(cold, rel=0.02)
+    assert predict(w, "bsp", prof_cold).e2e_us == pytest.approx(predict(w, "bsp", prof).e2e_us)  # not priced yet
     # readings from before the idle launch was measured: the first kernel waits its launcher's host time
     old, old_raw = assemble(synthetic_ranks(random.Random(31)))
     assert "first_launch_us" not in old_raw["figures"]

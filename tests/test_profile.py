@@ -67,6 +67,14 @@ def test_emulated_profile_of_both_workloads_checks_every_variant_and_closes():
                 assert v["attribution"]["clock"] == "host" and len(v["records"]["ranks"]) == 2
     assert set(ag.components["component"]) == set(ROWS)
     assert not fd.phases.empty
+    # a flash-decode document says what ran: our decode's resolved splits and programs (40 tokens in blocks of
+    # 16: at most 3 splits per group), PyTorch's attention backend (none under emulation: the float32 path)
+    cfg = {v["variant"]: v["config"] for v in fd.document["cases"][0]["variants"]}
+    for name in ("bsp", "bsp-graph", "fused-push", "fused-push-graph"):
+        assert cfg[name]["block_n"] == 16 and 1 <= cfg[name]["splits"] <= 3
+        assert cfg[name]["programs"] == 1 * 2 * cfg[name]["splits"]
+    assert cfg["bsp-sdpa"] == {"sdpa_backend": None, "block_r": 16}
+    assert cfg["fused-auto"]["picked"] in names and "config" in cfg["fused-auto"]
 
 
 _CALLS = []  # the order in which the fake plain timing below was called (one list per forked rank)

@@ -88,6 +88,11 @@ class AutoRunner:
         self.cfg = type("Picked", (), {})()
         self.cfg.__dict__.update(why | ({"config": dict(vars(inner))} if hasattr(inner, "__dict__") else {}))
 
+    def describe(self) -> dict:
+        """What was picked and why, with the picked runner's configuration as it ran (else its config)."""
+        inner = getattr(self.runner, "describe", None)
+        return dict(vars(self.cfg)) | ({"config": inner()} if callable(inner) else {})
+
     def __call__(self, *inputs):
         return self.runner(*inputs)
 

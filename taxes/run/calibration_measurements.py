@@ -139,7 +139,7 @@ IDLE_ROUNDS = 16  # readings per kind of the idle launch, quick or not: one read
 def idle_launches(fns: dict, rounds: int, cycles_per_us: float) -> dict:
     """idle_launch for every kind, one reading of each kind per round (so a slow stretch of the host falls on
     every kind alike, not on the kind timed then), after one round not kept (each kind's first reading
-    after the back-to-back loops ran 2-8 times its median on an H200)."""
+    after the back-to-back loops read 2-4 times its median on H200s)."""
     out = {kind: {"idle_us": [], "host_us": [], "device_us": []} for kind in fns}
     for r in range(rounds + 1):
         for kind, fn in fns.items():
@@ -175,7 +175,7 @@ def idle_launch(fn, reps: int, cycles_per_us: float) -> dict:
     an end event (idle_us: the event's time to the launch's end on the device; host_us: the call's own host
     time, one call after a drained device rather than one of many back to back), and the same call's device
     time with the host ahead (device_us), so idle_us - device_us is the start event to the kernel's start."""
-    out = {"idle_us": [], "device_us": []}
+    out = {"idle_us": [], "host_us": [], "device_us": []}
     for _ in range(reps):
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -186,7 +186,7 @@ def idle_launch(fn, reps: int, cycles_per_us: float) -> dict:
         end.record()
         end.synchronize()
         out["idle_us"].append(start.elapsed_time(end) * 1e3)
-        out.setdefault("host_us", []).append((t1 - t0) * 1e6)  # the call alone, right after a drained device
+        out["host_us"].append((t1 - t0) * 1e6)  # the call alone, right after a drained device
         out["device_us"].append(device_calls_us(fn, 1, cycles_per_us)[0][0])
     return out
 

@@ -243,7 +243,7 @@ def config_classes(workload: str) -> dict:
     from taxes.kernels import decode_local, gemm_rs, tp_mlp
 
     return {"ag-gemm": {"": ag.Config}, "gemm-rs": {"": gemm_rs.Config}, "flash-decode": {"": decode_local.Config},
-            "tp-mlp": dict(tp_mlp._PARTS)}.get(workload, {})
+            "tp-mlp": dict(tp_mlp.CONFIG_PARTS)}.get(workload, {})
 
 
 def check_config(workload: str, config: dict) -> None:

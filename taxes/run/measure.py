@@ -132,8 +132,11 @@ def _rank_case(ctx, job, shape: dict, clocks: dict, align=None) -> dict:
             if hasattr(runner, "check"):
                 runner.check()
             res["rel_error"] = rel_error(got, case.reference)
-            cfg = getattr(runner, "cfg", None)
-            res["config"] = dict(vars(cfg)) if cfg is not None and hasattr(cfg, "__dict__") else {}
+            cfg, describe = getattr(runner, "cfg", None), getattr(runner, "describe", None)
+            if callable(describe):  # the configuration as it ran (tuned fields resolved), where the runner says
+                res["config"] = describe()
+            else:
+                res["config"] = dict(vars(cfg)) if cfg is not None and hasattr(cfg, "__dict__") else {}
             if not res["rel_error"] <= TOLERANCE:
                 raise RuntimeError(f"relative error {res['rel_error']:.3g} above {TOLERANCE}")
 
