@@ -141,9 +141,10 @@ def idle_launches(fns: dict, rounds: int, cycles_per_us: float) -> dict:
     every kind alike, not on the kind timed then), after one round not kept (each kind's first reading
     after the back-to-back loops read 2-4 times its median on H200s)."""
     out = {kind: {"idle_us": [], "host_us": [], "device_us": []} for kind in fns}
+    events = _made_events()
     for r in range(rounds + 1):
         for kind, fn in fns.items():
-            reading = idle_launch(fn, 1, cycles_per_us)
+            reading = idle_launch(fn, 1, cycles_per_us, events)
             if r:
                 for key, values in reading.items():
                     out[kind][key] += values
@@ -170,15 +171,27 @@ def _sdpa_call(device) -> tuple[object, str | None]:
     return None, None
 
 
-def idle_launch(fn, reps: int, cycles_per_us: float) -> dict:
+def _made_events() -> tuple:
+    """A start and an end event, each recorded once: a CUDA event is made at its first record, and making one
+    between a launch and its end event would be timed as that launch's (the profile's iterations make theirs
+    before their first iteration too: taxes.run.harness.time_iterations)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    end.record()
+    end.synchronize()
+    return start, end
+
+
+def idle_launch(fn, reps: int, cycles_per_us: float, events: tuple | None = None) -> dict:
     """What an iteration's first launch costs: per reading, the device drained, a start event, one fn() and
     an end event (idle_us: the event's time to the launch's end on the device; host_us: the call's own host
     time, one call after a drained device rather than one of many back to back), and the same call's device
-    time with the host ahead (device_us), so idle_us - device_us is the start event to the kernel's start."""
+    time with the host ahead (device_us), so idle_us - device_us is the start event to the kernel's start.
+    events: the (start, end) pair to record, made beforehand (_made_events)."""
     out = {"idle_us": [], "host_us": [], "device_us": []}
+    start, end = events or _made_events()
     for _ in range(reps):
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         t0 = time.perf_counter()
         fn()
