@@ -14,13 +14,16 @@ FORMATS = ("table", "md", "json", "csv")
 
 
 @click.command("validate")
+@click.argument("documents", nargs=-1, metavar="[DOCUMENT]...")
 @click.option("--workloads", default="ag-gemm,flash-decode", show_default=True)
 @gpus_option(2)
 @click.option("--hardware", "hardware_name", default=None,
               help="default: with --from, the profile the first document names, else the calibration saved for its GPUs and world; else as in profile")
 @click.option("--iters", type=int, default=20, show_default=True)
 @click.option("--emulate", is_flag=True)
-@click.option("--from", "from_docs", multiple=True, help="validate existing result documents instead of running")
+@click.option("--from", "from_docs", multiple=True,
+              help="validate existing result documents instead of running; the documents after it (a shell's glob) "
+                   "are taken too")
 @output_option("Write the validation table here instead of stdout (an existing directory is taken as --out-dir); "
                "--planted: the known-answer document (default: GPU-xWORLD.json in --out-dir).")
 @click.option("--out-dir", default=None, metavar="DIR",
@@ -35,14 +38,17 @@ FORMATS = ("table", "md", "json", "csv")
               help="with --from: also the E2E error of every variant with every calibrated profile in DIR (its spread)")
 @format_option(FORMATS)
 @force_option()
-def validate_cmd(workloads, gpus, hardware_name, iters, emulate, from_docs, output, out_dir, timeout_s, planted, clock,
+def validate_cmd(documents, workloads, gpus, hardware_name, iters, emulate, from_docs, output, out_dir, timeout_s, planted, clock,
                  records, each_calibration, fmt, force):
     """Predicted against measured E2E and taxes over a grid of shapes: signed error per case, then the mean
     absolute error. With --planted: the attribution against taxes of known size."""
-    from taxes.documents.io import check_output
+    from taxes.files import check_output
     from taxes.run.machine import no_gpu
     from taxes.run.preflight import surely_no_gpu
 
+    if documents and planted:
+        raise TaxesError(f"{_shown(documents[0])}: --planted runs its own cases and reads no documents")
+    from_docs = (*from_docs, *documents)  # `--from results/*.json`: the shell hands the rest over as arguments
     if output and os.path.isdir(output) and out_dir is None:  # the older spelling: -o DIR
         output, out_dir = None, output
     if out_dir and os.path.exists(out_dir) and not os.path.isdir(out_dir):
@@ -111,7 +117,7 @@ def _print(summary: dict, fmt: str, output: str | None, force: bool) -> None:
 def _save_summary(summary: dict, out_dir: str, force: bool) -> None:
     import json
 
-    from taxes.documents.io import announce_written, write_atomic, write_error
+    from taxes.files import announce_written, write_atomic, write_error
 
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "validation.json")
@@ -125,7 +131,7 @@ def _save_summary(summary: dict, out_dir: str, force: bool) -> None:
 def _planted(gpus, emulate, iters, clock, out_dir, timeout_s, records, fmt, output, force) -> None:
     """Known answers: measured, written to -o FILE (the document is the product) or DIR/GPU-xWORLD.json,
     shown on stdout."""
-    from taxes.documents.io import announce_written, check_output
+    from taxes.files import announce_written, check_output
     from taxes.run.known_answers import known_answer_path, known_answer_rows, run_planted
     from taxes.run.machine import run_world
 
