@@ -56,8 +56,8 @@ from pathlib import Path
 from taxes.attribution import analyze as A
 from taxes.documents import analysis_document as D
 from taxes.attribution.attribute import iqm as _iqm  # the interquartile mean of docs/method.md
-from taxes.documents.io import write_output
-from taxes.documents.provenance import collect
+from taxes.files import write_output
+from taxes.provenance import collect
 
 TOLERANCE = 0.15
 ABS_TOLERANCE_SHARE = 0.01  # device-bound set: of the step's plain E2E, for taxes of about 0

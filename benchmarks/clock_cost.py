@@ -22,7 +22,7 @@ from taxes.run.cases import make_case
 from taxes.run.harness import time_iterations
 from taxes.run.instrument import HostRecorder, make_recorder, record_iterations
 from taxes.kernels.runtime import launch
-from taxes.documents.results import collect_metadata
+from taxes.provenance import collect_metadata
 from taxes.variants import get, names
 from taxes.workloads import DEFAULT_SHAPES, make_workload, parse_shape
 

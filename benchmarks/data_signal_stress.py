@@ -154,7 +154,7 @@ def main():
     ap.add_argument("--budget-s", type=float, default=60, help="per shape")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    from taxes.documents.provenance import collect
+    from taxes.provenance import collect
 
     res = {"benchmark": "benchmarks/data_signal_stress.py", "command": " ".join(sys.argv), **collect(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(dev),

@@ -240,7 +240,7 @@ def main():
             "limit": LIMIT, "steps": args.steps,
             "program_args": args.program_args,
             "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")}}
-    from taxes.documents.provenance import collect
+    from taxes.provenance import collect
 
     meta.update(collect())  # the commit that ran (a copied tree: its stamp file)
     try:

@@ -311,7 +311,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     from taxes.run.harness import gpu_metadata
-    from taxes.documents.provenance import collect
+    from taxes.provenance import collect
 
     res = {"benchmark": "benchmarks/decode_probe.py", "command": " ".join(sys.argv), **collect(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(dev),

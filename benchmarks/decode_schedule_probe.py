@@ -384,7 +384,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     from taxes.run.harness import gpu_metadata
-    from taxes.documents.provenance import collect
+    from taxes.provenance import collect
 
     props = torch.cuda.get_device_properties(dev)
     l2 = props.L2_cache_size

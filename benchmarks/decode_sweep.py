@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from taxes.documents.results import read_maybe_gzip
+from taxes.files import read_maybe_gzip
 from taxes.kernels.decode_local import TUNED_FILE, Config, LocalDecode, load_tuned, resolve, split_count
 from decode_methods import HKV, HQ, log, measure_ours
 

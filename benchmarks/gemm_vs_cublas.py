@@ -41,7 +41,7 @@ def main() -> int:
     import torch
     import triton.testing
 
-    from taxes.documents.provenance import collect
+    from taxes.provenance import collect
     from taxes.kernels import ag_gemm as ag
     from taxes.run.cases import rel_error
 

@@ -38,7 +38,7 @@ if ls .wheels/*.whl >/dev/null 2>&1; then
         && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
-# documents name the commit from the stamp written before the tree was copied (python -m taxes.documents.provenance,
+# documents name the commit from the stamp written before the tree was copied (python -m taxes.provenance,
 # carried with the tree): a copy's own .git may be an older one
 [ -f .taxes-provenance.json ] && export TAXES_PROVENANCE=stamp \
     || echo "no .taxes-provenance.json: the documents name this copy's .git, which may not be the code's"

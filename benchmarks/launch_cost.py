@@ -40,7 +40,7 @@ import torch
 
 from taxes.run.cases import TOLERANCE, make_case, rel_error
 from taxes.kernels.runtime import launch
-from taxes.documents.results import collect_metadata
+from taxes.provenance import collect_metadata
 from taxes.workloads import make_workload
 
 SHAPES = {

@@ -153,7 +153,7 @@ def main() -> int:
            "callbacks_seen": len(rec.calls), "rows": rows,
            "step_times_us": times}
     try:
-        from taxes.documents.provenance import collect
+        from taxes.provenance import collect
 
         doc.update(collect())
     except Exception:

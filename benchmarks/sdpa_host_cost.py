@@ -47,7 +47,7 @@ def main():
     ap.add_argument("--n", type=int, default=20)
     args = ap.parse_args()
     from taxes.run.cupti import Recorder
-    from taxes.documents.provenance import collect
+    from taxes.provenance import collect
 
     B, Hq, Hkv, D, S = 1, 64, 8, 128, 131072
     g = torch.Generator(device="cuda").manual_seed(1)

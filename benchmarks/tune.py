@@ -43,7 +43,8 @@ from taxes.run.harness import check_and_time, gpu_metadata, warm_clocks
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels import gemm_rs as rs
 from taxes.kernels.runtime import launch
-from taxes.documents.results import collect_metadata, write_atomic
+from taxes.files import write_atomic
+from taxes.provenance import collect_metadata
 from taxes.variants import rung_of
 from taxes.workloads import make_workload, parse_shape
 

@@ -15,7 +15,7 @@ FORMATS = ("table", "md", "json", "html")
 def write_report(doc: dict, fmt: str, output: str | None, force: bool) -> None:
     """The analysis document's report (taxes.reports.analysis_report) in `fmt`, to `output` (a file, or
     stdout when none); json writes the document itself."""
-    from taxes.documents.io import STDOUT, write_output
+    from taxes.files import STDOUT, write_output
 
     if fmt == "json":
         from taxes.documents.results import dumps
@@ -89,7 +89,7 @@ def analyze(traces, hardware_name, plain_file, comm_patterns, patterns_file, exe
     from taxes.attribution import analyze as A
     from taxes.documents.analysis_document import analysis_document
     from taxes.traces.classify import read_patterns_file
-    from taxes.documents.io import STDOUT, check_output, write_output
+    from taxes.files import STDOUT, check_output, write_output
 
     if fmt == "html" and (not output or output == STDOUT):
         raise TaxesError("--format html writes a file: give -o REPORT.html")

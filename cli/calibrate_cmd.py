@@ -19,7 +19,7 @@ def _check_options(gpus, output, force, name, base_name):
     if gpus is not None and gpus < 1:
         raise TaxesError(f"--gpus {gpus}: give 1 or more")
     if output:
-        from taxes.documents.io import check_output
+        from taxes.files import check_output
         from taxes.sanitize import path as shown
 
         if not output.lower().endswith(".json"):
@@ -105,7 +105,7 @@ def _print_figures(profile, base, fmt: str) -> None:
 
         print_table(stdout_console(), title, header, rows)
     else:
-        from taxes.documents.io import write_stdout
+        from taxes.files import write_stdout
         from taxes.reports.tables import table_text
 
         write_stdout(table_text(header, rows, fmt, title))

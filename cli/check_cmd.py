@@ -26,7 +26,7 @@ def check_cmd(results, hardware_name, show_all, strict, fmt, output, force):
     measurement (model documents) are skipped with a note; when none is measured, that is an error."""
     from taxes.console import say
     from taxes.documents.checks import all_checks, checks_frame, provenance_problems
-    from taxes.documents.io import check_output
+    from taxes.files import check_output
     from taxes.documents.results import load
     from taxes.sanitize import path as shown
 
@@ -64,7 +64,7 @@ def check_cmd(results, hardware_name, show_all, strict, fmt, output, force):
 
 
 def _print(frame, fmt: str, failing_only: bool, problems: list[str], output: str | None, force: bool) -> None:
-    from taxes.documents.io import write_output
+    from taxes.files import write_output
     from taxes.reports import check_tables as ct
 
     if fmt == "table":

@@ -14,8 +14,8 @@ COMPARE_FORMATS = ("table", "md", "junit", "json", "benchmark-json")
 
 def _step_summary_path() -> str | None:
     """$GITHUB_STEP_SUMMARY when set: GitHub Actions shows what a step appends there on the run's page.
-    Checked before any work: a FIFO, device or directory there is refused in one line (taxes.documents.io)."""
-    from taxes.documents.io import existing_kind
+    Checked before any work: a FIFO, device or directory there is refused in one line (taxes.files)."""
+    from taxes.files import existing_kind
     from taxes.sanitize import path as shown
 
     path = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -31,7 +31,7 @@ def _step_summary_path() -> str | None:
 def _append_step_summary(path: str | None, markdown: str) -> None:
     if not path:
         return
-    from taxes.documents.io import open_regular
+    from taxes.files import open_regular
     from taxes.sanitize import path as shown
 
     try:
@@ -62,7 +62,7 @@ def compare(paths, variant_pair, fail_above, fmt, output, confidence, seed, forc
     (bad usage or input)."""
     from taxes.reports import compare as cmp
     from taxes.console import render_text, say, stdout_console
-    from taxes.documents.io import STDOUT, check_output, write_output
+    from taxes.files import STDOUT, check_output, write_output
     from taxes.documents.results import load
 
     threshold = cmp.parse_threshold(fail_above) if fail_above is not None else 0.0

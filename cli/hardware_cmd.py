@@ -19,7 +19,7 @@ def hardware():
 @force_option()
 def hardware_list(fmt, output, force):
     """List every profile with its headline figures."""
-    from taxes.documents.io import check_output
+    from taxes.files import check_output
     from taxes.model.profile_tables import list_rows
 
     check_output(output, force)
@@ -41,7 +41,7 @@ def hardware_list(fmt, output, force):
 @force_option()
 def hardware_show(name, fmt, output, force):
     """Every figure of one profile (NAME, or a profile .json path)."""
-    from taxes.documents.io import check_output
+    from taxes.files import check_output
     from taxes.model.hardware import get_profile
 
     check_output(output, force)

@@ -5,7 +5,7 @@ The one error path: every failure a user can cause or meet ends as one line on s
 written, a full disk or closed stdout, too little memory, SIGTERM or SIGHUP); Ctrl-C exits 130. A bug in
 taxes is one line too (exit 2, TAXES_DEBUG=1 shows the traceback). Exit 1 is kept for verdicts: `taxes
 compare --fail-above` found a slowdown, `taxes check` found a failing check. Files are written whole or
-not at all (taxes.documents.io), so a failure leaves nothing half-written.
+not at all (taxes.files), so a failure leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Terminated(BaseException):
 
 def _install_signal_handlers() -> None:
     """SIGTERM and SIGHUP end the command through the same path as an error: temporary files are removed
-    (taxes.documents.io) and the ranks of a run are reaped. A forked child (emulated ranks) keeps the default
+    (taxes.files) and the ranks of a run are reaped. A forked child (emulated ranks) keeps the default
     action: it dies at once, as before."""
     main_pid = os.getpid()
 

@@ -28,7 +28,7 @@ FORMATS = ("table", "md", "json", "csv")
 @force_option()
 def model(workload, hardware_name, gpus, shape, dtype, variants, fmt, output, plot, sweep, force):
     """Predict E2E and the three taxes of WORKLOAD (ag-gemm, gemm-rs, flash-decode, tp-mlp) for every variant."""
-    from taxes.documents.io import STDOUT, check_output
+    from taxes.files import STDOUT, check_output
     from taxes.documents.results import model_document
     from taxes.model import predict as m
     from taxes.model.hardware import get_profile
@@ -98,7 +98,7 @@ def _chart(doc, plot_fmt, swept) -> bytes:
 
 
 def _plot_format(plot: str | None) -> str | None:
-    from taxes.documents.io import STDOUT
+    from taxes.files import STDOUT
 
     if plot is None:
         return None

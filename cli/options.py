@@ -104,7 +104,7 @@ def show(draw, output: str | None, force: bool) -> None:
     """A table drawn by draw(console): at the terminal (its width, or piped, the tables' whole width), or as
     plain text to -o FILE without a width limit."""
     from taxes.console import render_text, stdout_console
-    from taxes.documents.io import STDOUT, write_output
+    from taxes.files import STDOUT, write_output
 
     if output and output != STDOUT:
         write_output(output, render_text(draw), force)
@@ -114,6 +114,6 @@ def show(draw, output: str | None, force: bool) -> None:
 
 def emit(data: str | bytes, output: str | None, force: bool = False) -> None:
     """Data to -o FILE (atomically, regular files only) or to stdout."""
-    from taxes.documents.io import write_output
+    from taxes.files import write_output
 
     write_output(output, data, force)

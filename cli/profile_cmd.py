@@ -56,7 +56,7 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, 
     from taxes.run.profile import parse_config, plan, run_profile
 
     if strict:
-        from taxes.documents.provenance import require_clean_checkout
+        from taxes.provenance import require_clean_checkout
 
         require_clean_checkout("profile")
     if hardware_name:
@@ -86,7 +86,7 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, 
     path = write_document(doc, output, force)
     render_report(doc, fmt)
     if path:
-        from taxes.documents.io import announce_written
+        from taxes.files import announce_written
 
         announce_written(path)
     failed = [v for c in doc["cases"] for v in c["variants"] if not v["correctness"].get("passed")]
@@ -98,7 +98,7 @@ def profile_cmd(workload, gpus, shapes, dtype, variants, iters, warmup, rounds, 
 def render_report(doc: dict, fmt: str) -> None:
     """The report of the run on stdout (tables at the terminal's width or, piped, their whole width)."""
     from taxes.console import stdout_console
-    from taxes.documents.io import write_stdout
+    from taxes.files import write_stdout
     from taxes.reports import render
 
     if fmt == "table":

@@ -21,7 +21,7 @@ def report(results, fmt, output, force, hardware_name):
     report after another (one HTML page); --format json writes the document back with its report, so it
     takes one."""
     from taxes.console import progress, say
-    from taxes.documents.io import check_output
+    from taxes.files import check_output
     from taxes.reports import render, rows
 
     if fmt == "html" and not output:

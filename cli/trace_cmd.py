@@ -49,7 +49,7 @@ def trace(ctx, out_dir, out_alias, output, force, steps, plain_steps, block, ski
     from taxes.attribution import analyze as A
     from taxes.cli.analyze_cmd import write_report
     from taxes.documents.analysis_document import analysis_document
-    from taxes.documents.io import check_output, write_output
+    from taxes.files import check_output, write_output
     from taxes.run import trace as T
 
     out_dir = out_alias or out_dir  # --out: the older spelling of --out-dir

@@ -16,7 +16,7 @@ The stages below the facade, in the order the data flows: taxes.traces (timeline
 measured), taxes.attribution, taxes.model, taxes.documents, taxes.reports.
 """
 
-from taxes.documents.provenance import VERSION as __version__
+from taxes.provenance import VERSION as __version__
 
 
 def profile(*args, **kwargs):

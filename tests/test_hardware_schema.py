@@ -1,4 +1,4 @@
-"""The published schema of hardware profiles (taxes/documents/schema/hardware-v1.json): every committed
+"""The published schema of hardware profiles (taxes/schema/hardware-v1.json): every committed
 calibration and built-in profile meets it, the loader checks it, and a profile that breaks it is one line."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from _util import assert_one_line
 
-from taxes.documents import schema
+from taxes import schema
 from taxes.errors import TaxesError
 from taxes.model.hardware import BUILTIN, load_profile_file, profile_from_dict, profile_to_dict
 

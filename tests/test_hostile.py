@@ -23,7 +23,7 @@ import pytest
 from _util import assert_one_line
 from click.testing import CliRunner
 
-from taxes.documents import io as tio
+from taxes import files as tio
 from taxes.documents import results
 from taxes import sanitize
 from taxes.cli.main import cli
@@ -108,7 +108,7 @@ def test_fifos_directories_and_links_to_them_are_refused(tmp_path, model_file):
             assert code == 2 and f"{target}: {what}, not a regular file" in err, err
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and os.readlink(link) == "/dev/null" and d.is_dir()
     with pytest.raises(tio.NotARegularFile):  # the writer itself, whoever calls it
-        results.write_atomic(fifo, "x")
+        tio.write_atomic(fifo, "x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.json", "link.json", "model.json", "pipe"]
 
 
@@ -268,7 +268,7 @@ def test_impossible_values_are_refused_with_the_field_path(model_doc, tmp_path, 
 def test_the_published_schema_is_shipped_and_versioned():
     from importlib import resources
 
-    text = resources.files("taxes.documents.schema").joinpath("result-v1.json").read_text()
+    text = resources.files("taxes.schema").joinpath("result-v1.json").read_text()
     schema = json.loads(text)
     assert schema["properties"]["schema_version"] == {"const": results.SCHEMA_VERSION}
     import jsonschema

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from taxes.model import hardware
 from taxes.documents import results
+from taxes.files import write_atomic
 from taxes.cli.main import cli
 from taxes.errors import TaxesError
 
@@ -290,7 +291,7 @@ def test_hostile_names_are_shown_as_text_not_markup(tmp_path):
 WRITER = """
 import sys
 import tempfile
-from taxes.documents.results import write_atomic
+from taxes.files import write_atomic
 path, a, b = sys.argv[1], sys.argv[2], sys.argv[3]
 texts = [open(a).read(), open(b).read()]
 print("ready", flush=True)
@@ -348,7 +349,7 @@ def test_a_file_that_appears_while_writing_is_not_clobbered(tmp_path, monkeypatc
 
     monkeypatch.setattr(os, "fsync", someone_else_writes)
     with pytest.raises(FileExistsError):
-        results.write_atomic(path, "ours", overwrite=False)
+        write_atomic(path, "ours", overwrite=False)
     assert path.read_text() == "theirs"
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]  # our temporary is gone
 

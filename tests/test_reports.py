@@ -212,7 +212,7 @@ def test_failed_checks_lead_and_are_coloured(emulated_doc):
 
 def test_json_report_is_the_document_with_its_report_and_loads_back(model_doc, tmp_path):
     out = render.render_json(model_doc)
-    back = results.loads(out)  # validates against taxes/documents/schema/result-v1.json
+    back = results.loads(out)  # validates against taxes/schema/result-v1.json
     assert {k: v for k, v in back.items() if k != "report"} == model_doc
     rep = back["report"]
     assert rep["statistic"] == "interquartile mean" and rep["marks"][0] == "PREDICTED"

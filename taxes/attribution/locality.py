@@ -62,7 +62,7 @@ _SHAPED = _ELEMENTWISE | {"mm", "matmul", "bmm", "addmm", "linear"}
 def read_execution_trace(path) -> dict[int, tuple[list, list]]:
     """{rf_id: (input tensors, output tensors)} of an execution trace, each tensor (storage id, bytes,
     device) for tensors on a GPU. One-line errors for anything malformed."""
-    from taxes.documents.results import BrokenGzip, read_maybe_gzip
+    from taxes.files import BrokenGzip, read_maybe_gzip
 
     try:
         data = read_maybe_gzip(path, MAX_ET_BYTES)

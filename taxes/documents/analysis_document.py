@@ -13,6 +13,7 @@ import pandas as pd
 from taxes.attribution import attribute as att
 from taxes.attribution.analyze import PERTURBED, RULES, STATISTIC, Analysis
 from taxes.documents import results
+from taxes.provenance import collect_metadata
 
 UNTRUSTED = 0.05  # a record that cost more than this share of the plain step: its waits describe the record
 
@@ -34,7 +35,7 @@ def analysis_document(an: Analysis) -> dict:
     comps += [{"name": k, "rank": None, "value_us": float(s["rows"][k]), "label": att.LABELS[k]} for k in att.ROWS
               if _measured(s.get("rows", {}).get(k))]
     info0 = an.info[ranks[0]]
-    meta = results.collect_metadata("profile", an.world_size, an.hardware or "none", source="trace",
+    meta = collect_metadata("profile", an.world_size, an.hardware or "none", source="trace",
                                     hardware_source=an.hardware_source, statistic=STATISTIC,
                                     traces={str(r): an.ranks[r] for r in ranks}, warnings=list(an.warnings))
     meta.update({"torch_version": info0.get("torch_version"), "triton_version": info0.get("triton_version"),

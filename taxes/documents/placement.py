@@ -13,8 +13,8 @@ def _is_directory(output: str) -> bool:
 
 
 def check_document_output(output: str | None, force: bool) -> None:
-    """Before the run: -o names a directory, or a file taxes may write (taxes.documents.io)."""
-    from taxes.documents.io import STDOUT, check_output
+    """Before the run: -o names a directory, or a file taxes may write (taxes.files)."""
+    from taxes.files import STDOUT, check_output
 
     if output == STDOUT:
         raise TaxesError("-o -: the result document goes to a file or a directory; --format json prints the "

@@ -43,7 +43,8 @@ def per_iteration_e2e(samples_us: list[list[float]]) -> list[float]:
 
 def build_document(results: list[dict], job, hw: HardwareProfile, emulated: bool) -> dict:
     """Rank 0: one result document from every rank's records."""
-    from taxes.documents.results import collect_metadata, new_document
+    from taxes.documents.results import new_document
+    from taxes.provenance import collect_metadata
 
     clocks = results[0].get("clocks", {})
     start = getattr(job, "start", "barrier")
@@ -211,7 +212,7 @@ def _locality_bytes(w, v, splits) -> float | None:
 
 def _commit() -> str | None:
     """The attribution code's commit (with "+dirty" when the checkout had uncommitted changes)."""
-    from taxes.documents.provenance import collect
+    from taxes.provenance import collect
 
     p = collect()
     return p["git_commit"] and p["git_commit"] + ("+dirty" if p["git_dirty"] else "")

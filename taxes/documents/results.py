@@ -20,17 +20,14 @@ stated rule) or predicted (the analytical model). Times are microseconds through
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import os
-import subprocess
-import sys
-from importlib import metadata as _md
 from pathlib import Path
 
-from taxes.documents.provenance import VERSION
 from taxes.errors import TaxesError
+from taxes.files import BrokenGzip, NotARegularFile, read_maybe_gzip, write_atomic, write_error
+from taxes.provenance import VERSION, collect_metadata
 from taxes.attribution.rows import ROWS
 from taxes.model.predict import COMPONENTS, Prediction
 from taxes.workloads import WORKLOADS, shape_of
@@ -43,68 +40,6 @@ TRACE_WORKLOAD = "trace"
 TRACE_DIMS = ("steps",)
 MAX_BYTES = 256 * 1024 * 1024  # refuse to parse result files larger than this
 MAX_DEPTH = 32  # deepest nesting a document may have (taxes writes 7 levels)
-
-
-# ---- metadata -------------------------------------------------------------------------------------
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return _md.version(dist)
-    except _md.PackageNotFoundError:
-        return None
-
-
-def git_commit(path: str | Path | None = None) -> str | None:
-    """The commit of the checkout `taxes` runs from, when it runs from one."""
-    here = Path(path) if path else Path(__file__).resolve().parents[2]
-    try:
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
-def git_dirty(path: str | Path | None = None) -> bool | None:
-    """Whether the checkout has changes git would commit (the commit alone does not say what ran)."""
-    here = Path(path) if path else Path(__file__).resolve().parents[2]
-    try:
-        out = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(out.stdout.strip()) if out.returncode == 0 else None
-
-
-def collect_metadata(kind: str, world_size: int, hardware_profile: str, **extra) -> dict:
-    """Versions, commit, date and (when torch is already loaded with CUDA) the GPUs and their clocks."""
-    from taxes.documents.provenance import collect
-
-    meta = {
-        "kind": kind,
-        "tool_version": VERSION,
-        **{k: v for k, v in collect().items()},
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "torch_version": _version("torch"),
-        "triton_version": _version("triton"),
-        "cuda_version": None,
-        "nccl_version": None,
-        "gpu_names": [],
-        "world_size": world_size,
-        "hardware_profile": hardware_profile,
-        "python": sys.version.split()[0],
-    }
-    torch = sys.modules.get("torch")  # never import torch just for metadata: it is slow
-    if torch is not None:
-        meta["cuda_version"] = torch.version.cuda
-        if torch.cuda.is_available():
-            meta["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            try:
-                meta["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-            except Exception:  # NCCL absent from this build
-                pass
-    meta.update(extra)
-    return meta
 
 
 # ---- building documents ---------------------------------------------------------------------------
@@ -199,7 +134,7 @@ def model_document(predictions: list[list[Prediction]], hardware: str, world: in
 
 
 # ---- validation -----------------------------------------------------------------------------------
-# The document's structure, types and bounds are the published JSON Schema (taxes/documents/schema/result-v1.json);
+# The document's structure, types and bounds are the published JSON Schema (taxes/schema/result-v1.json);
 # what a schema cannot say is checked here, after it.
 
 from taxes.sanitize import json_type, one_line, reject_constant  # noqa: E402  (one_line stays importable from here)
@@ -220,7 +155,7 @@ def _short(v) -> str:
 def validate(doc, origin: str = "result") -> dict:
     """Check a document against the schema, then what the schema cannot state; raise one TaxesError line
     naming the field ('ORIGIN: cases[0].variants[1].samples_us[0][3]: ...')."""
-    from taxes.documents import schema
+    from taxes import schema
 
     _check_depth(doc, origin)
     if not isinstance(doc, dict):
@@ -327,36 +262,8 @@ def loads(text: str, origin: str = "result") -> dict:
     return validate(doc, origin)
 
 
-class BrokenGzip(ValueError):
-    """A truncated or corrupt gzip stream (read_maybe_gzip)."""
-
-
-def read_maybe_gzip(path: str | Path, limit: int) -> bytes:
-    """The file's bytes, decompressed when it is gzip (by its magic number, whatever its name), at most
-    limit + 1 of them, so a caller can refuse more and a gzip bomb stops there. OSError as open and read
-    raise it (taxes.documents.io.NotARegularFile for a FIFO, device, socket or directory); BrokenGzip for a truncated or corrupt gzip stream. (Result documents and taxes analyze's
-    traces both read through here.)"""
-    import gzip
-    import zlib
-
-    from taxes.documents.io import open_regular
-
-    with open_regular(path) as f:  # a FIFO or a device is refused, never read (NotARegularFile)
-        gz = f.read(2) == b"\x1f\x8b"
-        f.seek(0)
-        if not gz:
-            return f.read(limit + 1)
-        try:
-            with gzip.open(f) as g:
-                return g.read(limit + 1)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-            raise BrokenGzip(str(e)) from None
-
-
 def load(path: str | Path) -> dict:
     """Read and validate a result document file (at most MAX_BYTES, UTF-8; gzip-compressed or not)."""
-    from taxes.documents.io import NotARegularFile
-
     path = Path(path)
     try:
         if path.is_dir():
@@ -385,9 +292,6 @@ def dumps(doc: dict) -> str:
     return json.dumps(doc, indent=1, allow_nan=False) + "\n"
 
 
-# Writing lives in taxes.documents.io (regular files only, atomic, short temporary names); these names stay here
-# for the callers that import them from results.
-from taxes.documents.io import write_atomic, write_error  # noqa: E402,F401
 
 
 def save(doc: dict, path: str | Path, overwrite: bool = True) -> None:

@@ -417,13 +417,13 @@ def profile_from_dict(d: dict, origin: str = "profile") -> HardwareProfile:
 
 
 def _check_schema(d: dict, origin: str) -> None:
-    """The published schema (taxes/documents/schema/hardware-v1.json) after the checks above, which name the
+    """The published schema (taxes/schema/hardware-v1.json) after the checks above, which name the
     common faults in their own words; without jsonschema installed those checks stand alone."""
     try:
         import jsonschema  # noqa: F401
     except ImportError:
         return
-    from taxes.documents import schema
+    from taxes import schema
 
     schema.check(d, origin, schema.HARDWARE_V1)
 
@@ -434,7 +434,7 @@ def profile_to_dict(profile: HardwareProfile) -> dict:
 
 def load_profile_file(path: str | Path) -> HardwareProfile:
     """Read and validate a profile JSON file (at most MAX_PROFILE_BYTES, UTF-8, no NaN/Infinity)."""
-    from taxes.documents.io import NotARegularFile, open_regular
+    from taxes.files import NotARegularFile, open_regular
 
     path = Path(path)
     origin = f"hardware profile {path}"

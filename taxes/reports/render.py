@@ -82,7 +82,7 @@ def summary(doc: dict) -> dict:
 
 
 def render_json(doc: dict) -> str:
-    """The document itself (valid against taxes/documents/schema/result-v1.json, so it loads back) with its report
+    """The document itself (valid against taxes/schema/result-v1.json, so it loads back) with its report
     under "report"."""
     from taxes.documents.results import dumps
 

@@ -38,7 +38,7 @@ from taxes.model.hardware import HardwareProfile
 from taxes.run.harness import gpu_metadata, sleep_cycles_per_us
 from taxes.kernels import runtime
 from taxes.kernels.rank import RankError
-from taxes.documents.results import write_atomic
+from taxes.files import write_atomic
 
 NO_GPU = ("calibrate needs CUDA GPUs and this machine has none; `taxes hardware list` shows the built-in "
           "and saved profiles that `taxes model` can use instead")

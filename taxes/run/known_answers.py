@@ -26,7 +26,8 @@ def run_planted(gpus: int, emulate: bool, iters: int, clock: str, output: str | 
     from taxes.kernels.runtime import launch
     from taxes.run.planted import planted_heap_bytes, rank_cases
     from taxes.run.planted_answers import known_answers
-    from taxes.documents.results import collect_metadata, write_atomic
+    from taxes.files import write_atomic
+    from taxes.provenance import collect_metadata
 
     world = run_world(gpus, emulate)
     opts = {"clock": clock_name(clock, emulate), "iters": iters, "warmup": 3, "late_iters": 4 * iters, "late_rounds": 8}

@@ -25,10 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from taxes.model.calibrate.derive import derive_figures
-from taxes.documents.provenance import VERSION
+from taxes.provenance import VERSION
 from taxes.errors import TaxesError
 from taxes.model.hardware import BUILTIN, HardwareProfile, profile_dirs, profile_from_dict, profile_to_dict
-from taxes.documents.results import collect_metadata, write_atomic
+from taxes.files import write_atomic
+from taxes.provenance import collect_metadata
 
 
 def gpu_summary(names: list[str]) -> str:
@@ -313,7 +314,7 @@ def read_progress(directory: str | Path, world: int) -> list[dict]:
 
 
 def run_metadata(quick: bool, gpu_names: list[str] | None = None, base_name: str = "") -> dict:
-    """Versions, commit and date of this calibration (taxes.documents.results.collect_metadata)."""
+    """Versions, commit and date of this calibration (taxes.provenance.collect_metadata)."""
     meta = collect_metadata("calibrate", len(gpu_names or []), base_name, quick=quick)
     if gpu_names:
         meta["gpu_names"] = gpu_names

@@ -13,7 +13,7 @@ one way taxes opens a file the user names as input (open_regular).
 - A PATH that ends in a separator (`-o newdir/`) names a directory, never a file called `newdir`.
 - A failure is one TaxesError line naming the path, printable (taxes.sanitize).
 
-Inputs (documents, hardware profiles) and files appended to (`$GITHUB_STEP_SUMMARY`) are opened with
+Inputs (documents, hardware profiles, traces) and files appended to (`$GITHUB_STEP_SUMMARY`) are opened with
 open_regular: a FIFO, a device (/dev/zero), a socket or a directory is refused before a byte is read or
 written, so nothing blocks on a FIFO nobody writes and nothing reads an endless device.
 """
@@ -206,3 +206,27 @@ def write_output(path: str | None, data: str | bytes, force: bool = False, annou
 def announce_written(path) -> None:
     sys.stderr.write(f"wrote {shown(path)}\n")
     sys.stderr.flush()
+
+
+class BrokenGzip(ValueError):
+    """A truncated or corrupt gzip stream (read_maybe_gzip)."""
+
+
+def read_maybe_gzip(path: str | Path, limit: int) -> bytes:
+    """The file's bytes, decompressed when it is gzip (by its magic number, whatever its name), at most
+    limit + 1 of them, so a caller can refuse more and a gzip bomb stops there. OSError as open and read
+    raise it (NotARegularFile for a FIFO, device, socket or directory); BrokenGzip for a truncated or corrupt gzip stream. (Result documents and taxes analyze's
+    traces both read through here.)"""
+    import gzip
+    import zlib
+
+    with open_regular(path) as f:  # a FIFO or a device is refused, never read (NotARegularFile)
+        gz = f.read(2) == b"\x1f\x8b"
+        f.seek(0)
+        if not gz:
+            return f.read(limit + 1)
+        try:
+            with gzip.open(f) as g:
+                return g.read(limit + 1)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise BrokenGzip(str(e)) from None
