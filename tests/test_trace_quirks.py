@@ -148,3 +148,19 @@ def test_what_cannot_be_analysed_is_still_refused_in_one_line(tmp_path):
     with pytest.raises(TaxesError, match="no GPU activity") as e:
         A.analyze([path])
     assert_one_line(str(e.value))
+
+
+@pytest.mark.parametrize("cat,words", [("cuda_profiler_range", "counter ranges"),
+                                       ("mtia_ccp_events", "another accelerator's")])
+def test_a_trace_of_another_recorders_device_events_is_refused_saying_what_they_are(tmp_path, cat, words):
+    """CUPTI's counter ranges (kernels replayed one by one) and another accelerator's events hold no GPU
+    timeline: refused in one line that names them, so the user knows what to record instead."""
+    tr = with_runtime_calls(0)
+    events = tr["doc"]["traceEvents"]
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy")]
+    tr["doc"]["traceEvents"] = [e for e in events if e not in kernels] + [{**e, "cat": cat} for e in kernels]
+    path = write_trace(tr, tmp_path / "rank0.json")
+    with pytest.raises(TaxesError, match="no GPU activity") as e:
+        A.analyze([path])
+    assert_one_line(str(e.value))
+    assert f"its {len(kernels)} {cat} events are" in str(e.value) and words in str(e.value), str(e.value)

@@ -43,13 +43,33 @@ def _fail(path, what: str) -> None:
     raise TaxesError(printable(f"{shown(path)}: {what}", 600))
 
 
+# Complete events of other recorders that look like device activity but are no timeline of one
+NOT_A_TIMELINE = {
+    "cuda_profiler_range": "CUPTI's counter ranges, each kernel replayed alone to read its counters, so their "
+                           "times are no timeline; record without counter metrics (experimental_config) for one",
+}
+OTHER_DEVICES = ("mtia",)  # accelerators whose activity taxes does not read (NVIDIA and AMD GPUs only)
+
+
+def _not_gpu(skipped: dict) -> str:
+    """What the trace held instead of GPU activity, for the refusal: '' when nothing says more."""
+    for cat, n in skipped.items():
+        if cat in NOT_A_TIMELINE:
+            return f"; its {n} {cat} events are {NOT_A_TIMELINE[cat]}"
+    for cat, n in skipped.items():
+        if cat.lower().startswith(OTHER_DEVICES):
+            return f"; its {n} {cat} events are another accelerator's, and taxes reads NVIDIA and AMD GPU activity only"
+    return ""
+
+
 def check_events(events: pd.DataFrame, path) -> None:
-    """Refuse, in one line, a trace with nothing to attribute (no GPU activity)."""
+    """Refuse, in one line, a trace with nothing to attribute (no GPU activity), naming what it held instead
+    where a known recorder's events say (events.attrs["trace"]["skipped"], taxes.traces.kineto.load_trace)."""
     kinds = events["kind"] if "kind" in events else pd.Series([], dtype=object)
     if not kinds.isin(GPU_KINDS).any():
         what = "no events at all" if events.empty else f"{len(events)} host events and no GPU activity"
-        _fail(path, f"{what} (no kernel, memcpy or memset): nothing to attribute; record the trace with "
-                    "ProfilerActivity.CUDA on a GPU run")
+        instead = _not_gpu(events.attrs.get("trace", {}).get("skipped") or {})
+        _fail(path, f"{what} (no kernel, memcpy or memset): nothing to attribute{instead or '; record the trace with ProfilerActivity.CUDA on a GPU run'}")
 
 
 def repair_events(events: pd.DataFrame, path) -> tuple[pd.DataFrame, set, str | None]:

@@ -99,6 +99,7 @@ class _Columns:
         self.sparse = {k: {} for k in ("input_dims", "input_type", "coll", "pg", "seq", "mem_addr", "mem_bytes")}
         self.strings: dict = {}
         self.ids: dict = {}
+        self.skipped: dict = {}  # category -> complete events of it not kept (a refusal names them)
 
     def code(self, s: str) -> int:
         c = self.strings.get(s)
@@ -121,6 +122,7 @@ class _Columns:
 KINDS = ("kernel", "memcpy", "memset", "runtime", "driver", "cpu_op", "annotation", "python", "memory",
          "flow_start", "flow_end")
 _KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+MAX_SKIPPED_KINDS = 8  # categories of complete events not kept that a trace's attrs remember, the most common first
 
 
 def _read_events(stream: TraceStream, path: Path, exact: bool) -> tuple[_Columns, bool, object]:
@@ -152,6 +154,8 @@ def _read_events(stream: TraceStream, path: Path, exact: bool) -> tuple[_Columns
         cat = e.get("cat")
         if ph == "X":
             k = kinds.get(cat) if type(cat) is str else None
+            if k is None and type(cat) is str:
+                cols.skipped[cat] = cols.skipped.get(cat, 0) + 1
         elif ph in ("s", "f") and cat == "ac2g":
             k = flow_s if ph == "s" else flow_f
         elif ph == "i" and cat == "cpu_instant_event" and e.get("name") == "[memory]":
@@ -271,6 +275,7 @@ def load_trace(path, special: bool = False) -> pd.DataFrame:
         cols, _, origin = _read_events(stream, path, exact=True)
     frame = _frame(cols)
     frame.attrs["trace"] = trace_info(stream.meta, path, int(origin) if origin is not None else 0)
+    frame.attrs["trace"]["skipped"] = dict(sorted(cols.skipped.items(), key=lambda kv: -kv[1])[:MAX_SKIPPED_KINDS])
     return frame
 
 
