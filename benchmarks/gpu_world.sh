@@ -16,8 +16,12 @@
 #   bash benchmarks/gpu_world.sh tune OUT       # benchmarks/tune.py for each of TUNE (default: ag-gemm gemm-rs) at
 #                                               # world W, TUNE_ARGS passed on (e.g. --shape M=1024,N=8192,K=8192),
 #                                               # to OUT/WORKLOAD-tune.json (every candidate and the winners)
+#   bash benchmarks/gpu_world.sh heldout OUT    # the model on shapes in no test and no tuning table (HELDOUT picks
+#                                               # some of: ag rs decode mlp): every variant profiled with rows, then
+#                                               # `taxes validate` of them to OUT/validate-heldout-GPU-xW.json
 #   bash benchmarks/gpu_world.sh ddp OUT        # benchmarks/ddp_known_answers.py at world W (DDP_CASES picks the
-#                                               # delays), to OUT/ddp-GPU-xW.json, the 3 ms cases' traces kept
+#                                               # delays, DDP_STEPS the steps per case), to OUT/ddp-GPU-xW.json, the
+#                                               # 3 ms cases' traces kept
 #   bash benchmarks/gpu_world.sh "planted profiles" OUT
 #
 # DEADLINE_S (seconds from the start): every stage's limit is cut to what is left before it, and a stage
@@ -26,10 +30,10 @@
 # (~/.config/taxes/profiles), so their profiles and sweeps are priced by it.
 #
 # Stages run in this order, whatever order they are named in: smoke, skew, calibrate, planted, tune, profiles,
-# sweep, ddp.
+# heldout, sweep, ddp.
 # Installs the carried wheels (.wheels) to /tmp/site and the project offline; NVLink multicast stays off.
 set -u
-stages=" ${1:?stage: smoke, skew, planted, calibrate, tune, profiles, sweep or ddp (several: quoted, space-separated)} "
+stages=" ${1:?stage: smoke, skew, planted, calibrate, tune, profiles, heldout, sweep or ddp (several: quoted, space-separated)} "
 OUT=${2:-${OUT:-gpu-out}}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -150,6 +154,41 @@ if [[ "$stages" == *" profiles "* ]]; then
     done
 fi
 
+if [[ "$stages" == *" heldout "* ]]; then
+    # Shapes of real layers that no test and no tuning table names (tests/test_gpu_scripts.py checks that they stay
+    # so): the fused kernels take the nearest tuned configuration, fused-auto the nearest measured pick. Priced
+    # with this machine's calibration when the call made one (the calibrate stage), else the committed one.
+    HW=$OUT/$GPU-x$W-calibrated.json
+    [ -f "$HW" ] || HW=reports/calibration/$GPU-x$W-calibrated.json
+    [ -f "$HW" ] && HWARG="--hardware $HW" || HWARG=""
+    held() {  # NAME WORKLOAD SECONDS VARIANTS (all: every one) SHAPE...
+        local name=heldout_$1 wl=$2 secs=$(cap $3 60) variants=$4; shift 4
+        [ "$secs" = 0 ] && { at "$name skipped: too little time left"; return; }
+        at "$name"
+        local shapes=(); for sh in "$@"; do shapes+=(--shape "$sh"); done
+        [ "$variants" = all ] || shapes+=(--variants "$variants")
+        timeout "$secs" taxes profile "$wl" --gpus "$W" --clock cupti $HWARG --iters ${HITERS:-20} --rounds 2 \
+            "${shapes[@]}" -o "$OUT/$name-$GPU-x$W.json.gz" --force --timeout-s $((secs - 5)) --format md \
+            > "$OUT/$name.md" 2>&1
+        echo "$name: exit $?"; grep -E "^\| (E2E|model E2E)" "$OUT/$name.md" | head -6
+    }
+    for what in ${HELDOUT:-ag rs decode mlp}; do
+        case $what in
+            ag) held ag_gemm ag-gemm ${HELDOUT_S:-160} all M=6144,N=5120,K=5120 M=1536,N=12288,K=4096 ;;
+            rs) held gemm_rs gemm-rs ${HELDOUT_S:-110} all M=3072,N=5120,K=13824 ;;
+            decode) held flash_decode flash-decode ${HELDOUT_S:-90} all B=2,Hq=32,Hkv=8,D=128,S=20480 ;;
+            # the layer's fused and bulk-synchronous variants in turns (as in the profiles stage)
+            mlp) held tp_mlp tp-mlp ${HELDOUT_S:-130} all-fused-eager,all-bsp,all-fused,all-graph,fused-auto \
+                     M=2048,H=5120,F=13824 ;;
+        esac
+    done
+    docs=$(ls "$OUT"/heldout_*-"$GPU"-x"$W".json.gz 2>/dev/null)
+    # shellcheck disable=SC2086  # one word per document
+    [ -n "$docs" ] && timeout 120 taxes validate $HWARG --each-calibration reports/calibration --format json \
+        -o "$OUT/validate-heldout-$GPU-x$W.json" --force --from $docs 2>&1 | tail -2 \
+        && timeout 120 taxes validate $HWARG --from $docs 2>&1 | tail -8
+fi
+
 if [[ "$stages" == *" sweep "* ]]; then
     # every variant side by side, interleaved: ag-gemm over M at N=K=8192 and at N=28672, gemm-rs at a 70B
     # layer's down projection, flash decode at B=1, S=32K per rank (SWEEP picks some of: ag-small ag-large
@@ -182,7 +221,8 @@ if [[ "$stages" == *" ddp "* ]]; then
     t=$(cap ${DDP_S:-560} 120)
     [ "$t" = 0 ] && at "ddp skipped: too little time left"
     [ "$t" = 0 ] || timeout "$t" python3 benchmarks/ddp_known_answers.py --gpus "$W" \
-        --cases "${DDP_CASES:-host:1,host:3,host:10,device:1,device:3,device:10}" --out "$OUT/ddp-$GPU-x$W.json" 2>&1 | tail -14
+        --cases "${DDP_CASES:-host:1,host:3,host:10,device:1,device:3,device:10}" ${DDP_STEPS:+--steps "$DDP_STEPS"} \
+        --out "$OUT/ddp-$GPU-x$W.json" 2>&1 | tail -14
     # the traces of the 3 ms cases stay (fixtures with their measured truth), the others would only weigh
     # (DDP_KEEP=all keeps every case's, to judge them again by later rules)
     [ "${DDP_KEEP:-}" = all ] || \
