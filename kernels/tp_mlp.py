@@ -36,7 +36,7 @@ Intermediates (Y1, Z and the bsp partial) belong to the variant object, allocate
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 
 import torch
@@ -48,6 +48,7 @@ from taxes.variants import kernel_names
 from taxes.kernels import ag_gemm as ag
 from taxes.kernels import gemm_rs as rs
 from taxes.kernels.ag_gemm_torch import AgGemmBsp
+from taxes.kernels.config_keys import route
 from taxes.kernels.launch import BoundLaunch
 from taxes.kernels.device import interpreting, replay_graph
 from taxes.kernels.rank import RankContext, SymBuffer
@@ -139,26 +140,9 @@ CONFIG_PARTS = {"ag": ag.Config, "rs": rs.Config, "swiglu": SwigluConfig}  # --c
 
 
 def split_overrides(overrides: dict | None) -> dict[str, dict]:
-    """Configuration overrides -> {"ag": {...}, "rs": {...}, "swiglu": {...}}. "ag.KEY", "rs.KEY" and
-    "swiglu.KEY" go to that part alone; a plain KEY goes to every part whose configuration has it (so
-    block_m=16 tiles both GEMMs). A key no part knows is a one-line ValueError."""
-    out: dict[str, dict] = {part: {} for part in CONFIG_PARTS}
-    names = {part: {f.name for f in fields(cls)} for part, cls in CONFIG_PARTS.items()}
-    items = sorted((overrides or {}).items(), key=lambda kv: "." in kv[0])  # a part's own key wins over a plain one
-    for key, value in items:
-        part, dot, name = key.partition(".")
-        if dot:
-            if part not in CONFIG_PARTS or name not in names[part]:
-                raise ValueError(f"tp-mlp has no configuration key {key!r} (parts: {', '.join(CONFIG_PARTS)})")
-            out[part][name] = value
-            continue
-        owners = [p for p in CONFIG_PARTS if key in names[p]]
-        if not owners:
-            raise ValueError(f"tp-mlp has no configuration key {key!r} (keys of ag-gemm, gemm-rs or swiglu, "
-                             f"optionally as ag.KEY, rs.KEY, swiglu.KEY)")
-        for p in owners:
-            out[p][key] = value
-    return out
+    """Configuration overrides -> {"ag": {...}, "rs": {...}, "swiglu": {...}} (kernels/config_keys.py: "ag.KEY"
+    to that part alone, a plain KEY to every part that has it; an unknown key is a one-line ValueError)."""
+    return route("tp-mlp", CONFIG_PARTS, overrides)
 
 
 # ---- the variants ------------------------------------------------------------------------------------

@@ -238,7 +238,7 @@ _TYPE_WORDS = {"int": "a whole number", "float": "a number", "bool": "true or fa
 
 def config_classes(workload: str) -> dict:
     """The configuration dataclasses --config overrides for a workload: {part: class} (one part but for tp-mlp,
-    whose ag., rs. and swiglu. keys go to its parts: kernels/tp_mlp.py split_overrides)."""
+    whose ag., rs. and swiglu. keys go to its parts: kernels/config_keys.py)."""
     from taxes.kernels import ag_gemm as ag
     from taxes.kernels import decode_local, gemm_rs, tp_mlp
 
@@ -253,25 +253,16 @@ def check_config(workload: str, config: dict) -> None:
     from dataclasses import fields
 
     from taxes.errors import TaxesError
+    from taxes.kernels.config_keys import route
     from taxes.sanitize import printable
 
     classes = config_classes(workload)
     if not config or not classes:
         return
-    if workload == "tp-mlp":
-        from taxes.kernels.tp_mlp import split_overrides
-
-        try:
-            parts = split_overrides(config)
-        except ValueError as e:
-            raise TaxesError(f"--config: {e}") from None
-    else:
-        parts = {"": dict(config)}
-        known = {f.name for f in fields(classes[""])}
-        for key in config:
-            if key not in known:
-                raise TaxesError(f"--config: {workload} has no configuration key {printable(key)!r} "
-                                 f"(keys: {', '.join(sorted(known))})")
+    try:
+        parts = route(workload, classes, config)
+    except ValueError as e:
+        raise TaxesError(printable(f"--config: {e}")) from None
     for part, values in parts.items():
         declared = {f.name: (f.type if isinstance(f.type, str) else getattr(f.type, "__name__", ""))
                     for f in fields(classes[part])}
