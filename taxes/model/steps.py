@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from taxes.model.figures import collective_us, copier_rate_bytes_per_us
 from taxes.model.floor import Floor, floor_of
 from taxes.model.hardware import HardwareProfile
+from taxes.model.tile_queue import run_queue, tile_order
 from taxes.variants import modelled
 from taxes.workloads import AgGemm, FlashDecode, GemmRs, TpMlp, Workload, fused_tile_n
 
@@ -23,17 +24,36 @@ class ModelOptions:
     copier_ctas: int = 16  # CTAs that move peers' rows in the fused GEMMs (the kernels' default configuration)
     tile_m: int = 128  # the fused ag-gemm's output tile (its configuration's block_m x block_n)
     tile_n: int | None = None  # None: the kernel's own choice for the shape (taxes.workloads.fused_tile_n)
+    chunk_rows: int | None = None  # rows of A per flag in the fused ag-gemm (None: chunks_per_peer per shard)
+    group_m: int = 8  # row blocks its tile queue groups (the kernel's _tile_coords)
+    copiers_join: bool = True  # its copier CTAs take tiles once their copies are done
 
 
 def options_from_config(config: dict | None) -> ModelOptions:
     """The schedule a measured variant ran (its configuration as a document keeps it; fused-auto's nests the
-    picked variant's) as ModelOptions; what it does not say stays the default."""
+    picked variant's) as ModelOptions; what it does not say stays the default. A copy-engine producer moves
+    the rows with no CTA (the kernel runs it with copiers=0 whatever the entry says); a static schedule's
+    copiers never join."""
     cfg = dict(config or {})
     if "picked" in cfg:
         cfg = dict(cfg.get("config") or {})
-    known = {"copiers": "copier_ctas", "block_m": "tile_m", "block_n": "tile_n"}
-    return ModelOptions(**{field: int(cfg[key]) for key, field in known.items()
-                           if isinstance(cfg.get(key), (int, float)) and not isinstance(cfg.get(key), bool)})
+
+    def whole(key):
+        v = cfg.get(key)
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    known = {"copiers": "copier_ctas", "block_m": "tile_m", "block_n": "tile_n", "chunk_rows": "chunk_rows",
+             "group_m": "group_m"}
+    fields = {field: whole(key) for key, field in known.items() if whole(key) is not None}
+    if cfg.get("producer") == "copy-engine":
+        fields["copier_ctas"] = 0
+    if cfg.get("copiers_join") is False or cfg.get("static") is True:
+        fields["copiers_join"] = False
+    return ModelOptions(**fields)
+
+
+MAX_QUEUE_UNITS = 16384  # the fused ag-gemm's tile queue is run over at most this many units (tiles, or blocks of them)
+MAX_COPY_ITEMS = 4096  # and its copies over at most this many chunks
 
 
 def wave_factor(tiles: int, sms: int) -> float:
@@ -119,7 +139,9 @@ def _overlap(chunks: list[tuple[float, float]]) -> tuple[float, float]:
 
 def _fused_step(name: str, fl: Floor, finish: float, wait: float, wait_no_skew: float, locality_us: float,
                 launcher: str = "triton_tma") -> Step:
-    """Split a fused kernel's (finish, wait) into components, by the attribution's rules.
+    """Split a fused kernel's (finish, wait) into components, by the attribution's rules. wait is its in-kernel
+    wait as the attribution reads it: for ag-gemm the longest any CTA waited, at most the kernel's time beyond
+    its work floor (the tile queue); for gemm-rs the pipeline's wait.
 
     Waiting up to the unhideable link time is part of the floor. Beyond it, the share a late peer's start
     causes (the wait with the start skew less the wait without) is start skew, and the rest the kernel's
@@ -153,27 +175,72 @@ def _ag_gemm_steps(w: AgGemm, variant: str, hw: HardwareProfile, fl: Floor, opt:
         ]
     p = w.world
     push = v.producer == "push"
-    sm_share = hw.sm_count / (hw.sm_count - opt.push_producer_sms) if push else 1.0
-    # a wave of tiles that does not fill the GPU takes as long as one that does (the GEMM alone at 64 tiles of
-    # 128 x 256 on 132 SMs took 1.7-1.8 times cuBLAS: reports/ag_gemm/gemm_vs_cublas-h200.json), counted
-    # relative to the calibration's own GEMM (8192^3 in 128 x 256 tiles), whose last wave is in its efficiency
+    ctas = hw.sm_count - (opt.push_producer_sms if push else 0)  # persistent: one CTA per SM
     tile_n = opt.tile_n or fused_tile_n(w.M, w.N // p, hw.sm_count, opt.tile_m)
-    tiles = (w.M // opt.tile_m) * math.ceil(w.N // p / tile_n)
-    waves = wave_factor(tiles, hw.sm_count) / wave_factor((8192 // 128) * (8192 // 256), hw.sm_count)
-    compute = _work_us(w, hw, hw.triton_matmul_efficiency) * sm_share * max(1.0, waves)
-    n = (p - 1) * opt.chunks_per_peer
-    rate = copier_rate_bytes_per_us(hw, p, opt.copier_ctas, push) if p > 1 else math.inf
+    shard_rows = w.M // p
+    tiles_m, tiles_n = math.ceil(shard_rows / opt.tile_m), math.ceil(w.N // p / tile_n)
+    # the queue is run over at most MAX_QUEUE_UNITS units: beyond that, neighbouring tiles (rows first) are one
+    # unit of their summed time, which moves the last wave by under sm_count / MAX_QUEUE_UNITS of the kernel
+    k_m = min(tiles_m, math.ceil(p * tiles_m * tiles_n / MAX_QUEUE_UNITS))
+    k_n = math.ceil(p * math.ceil(tiles_m / k_m) * tiles_n / MAX_QUEUE_UNITS)
+    m_blocks, n_blocks = math.ceil(tiles_m / k_m), math.ceil(tiles_n / k_n)
+    unit_m = opt.tile_m * k_m  # rows of A a unit needs
+    # A tile's time on one SM: the GEMM's at the calibrated rate spread over every SM, less the last-wave
+    # loss the calibration's own GEMM (8192^3 in 128 x 256 tiles) has inside its efficiency; the queue then
+    # makes the waves of this shape (a wave that does not fill the GPU takes as long as one that does)
+    # (never quicker than the work's floor shared over the SMs: a calibration whose GEMM ran near peak in
+    # spite of its last wave would otherwise put a better-filled shape above peak)
+    cal_waves = wave_factor((8192 // 128) * (8192 // 256), hw.sm_count)
+    per_sm = hw.sm_count / (p * m_blocks * n_blocks)
+    tile_us = max(_work_us(w, hw, hw.triton_matmul_efficiency) / cal_waves, fl.work_us) * per_sm
+    order = tile_order(0, p, m_blocks, n_blocks, max(1, opt.group_m // k_m))
+    if p == 1:
+        run = run_queue([0.0] * len(order), tile_us, ctas)
+        return [_fused_step(f"ag_gemm_{variant.replace('-', '_')}", fl, run.finish_us, 0.0, 0.0, 2 * half)]
+    chunk_rows = opt.chunk_rows or math.ceil(shard_rows / opt.chunks_per_peer)
+    chunk_rows = max(chunk_rows, math.ceil(shard_rows * (p - 1) / MAX_COPY_ITEMS))  # as bounded, likewise
+    n_chunks = math.ceil(shard_rows / chunk_rows)
+    chunk_bytes = w.link_bytes() / ((p - 1) * n_chunks)
+    copiers = min(opt.copier_ctas, ctas - 1)
+    done = _copies_done(hw, p, copiers, push, (p - 1) * n_chunks, chunk_bytes)
     signal = hw.link_latency_us + (hw.flag_round_trip_us / 2 if push else 0.0)
+    last_chunk = [min(n_chunks - 1, (min((b + 1) * unit_m, shard_rows) - 1) // chunk_rows) for b in range(m_blocks)]
 
-    def run(skew: float) -> tuple[float, float]:
-        # The local shard first (ready at once), then peer chunks in order of arrival.
-        chunks = [(0.0, compute / p)]
-        chunks += [(skew + signal + (i + 1) * w.link_bytes() / n / rate, compute * (p - 1) / p / n) for i in range(n)]
-        return _overlap(chunks)
+    def run(skew: float):
+        # every copy waits for the later peers' start (skew): the rows reach the rank that much later
+        ready = [0.0 if pos == 0 else skew + signal + done[(pos - 1) * n_chunks + last_chunk[b]] for pos, b in order]
+        busy = [skew + t for t in _copier_ends(done, copiers)] if copiers and opt.copiers_join else []
+        return run_queue(ready, tile_us, ctas - (0 if opt.copiers_join else copiers), busy)
 
-    finish, wait = run(skew_us)
-    _, wait0 = run(0.0)
-    return [_fused_step(f"ag_gemm_{variant.replace('-', '_')}", fl, finish, wait, wait0, 2 * half)]
+    late, on_time = run(skew_us), run(0.0)
+    # the in-kernel wait as the attribution reads the kernel's stamps: the longest any CTA waited, at most
+    # the kernel's time beyond its own floor (taxes.attribution.attribute)
+    cap = lambda r: min(r.longest_wait_us, max(0.0, r.finish_us - fl.work_us))  # noqa: E731
+    return [_fused_step(f"ag_gemm_{variant.replace('-', '_')}", fl, late.finish_us, cap(late), cap(on_time), 2 * half)]
+
+
+def _copies_done(hw: HardwareProfile, world: int, copiers: int, push: bool, items: int, item_bytes: float) -> list[float]:
+    """When each copy item (a chunk of rows for one peer, in the order the GEMM needs them) is done, us from the
+    kernel's start. Copier CTA c moves items c, c + copiers, ... one after another (kernels/ag_gemm_kernel.py), so
+    they go in rounds; a round of k items runs at the rate k CTAs reach (copier_rate_bytes_per_us), each
+    CTA a k-th of it. copiers 0: the copy engine, one copy after another on one stream."""
+    if copiers <= 0:
+        rate = copier_rate_bytes_per_us(hw, world, 0, push)
+        return [(i + 1) * item_bytes / rate for i in range(items)]
+    done, t = [], 0.0
+    for first in range(0, items, copiers):
+        k = min(copiers, items - first)
+        t += item_bytes / (copier_rate_bytes_per_us(hw, world, k, push) / k)
+        done += [t] * k
+    return done
+
+
+def _copier_ends(done: list[float], copiers: int) -> list[float]:
+    """When each copier CTA's last item is done (items dealt round-robin over the copiers)."""
+    ends = [0.0] * copiers
+    for i, t in enumerate(done):
+        ends[i % copiers] = t
+    return ends
 
 
 def _gemm_rs_steps(w: GemmRs, variant: str, hw: HardwareProfile, fl: Floor, opt: ModelOptions,
