@@ -66,7 +66,7 @@ def test_the_queue_order_is_the_kernels(world, m_blocks, n_blocks, group_m, rank
     pm, shard = torch.full((n,), -1, dtype=torch.int32), torch.full((n,), -1, dtype=torch.int32)
     _queue_order_kernel[(1,)](rank, m_blocks, n_blocks, pm, shard, n, WORLD=world, GROUP_M=group_m)
     kernel = [((rank - s) % world, p - s * m_blocks) for p, s in zip(pm.tolist(), shard.tolist())]
-    assert tile_order(rank, world, m_blocks, n_blocks, group_m) == kernel
+    assert tile_order(world, m_blocks, n_blocks, group_m) == kernel
 
 
 def _fused(w, variant, hw, opt):

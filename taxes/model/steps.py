@@ -185,15 +185,15 @@ def _ag_gemm_steps(w: AgGemm, variant: str, hw: HardwareProfile, fl: Floor, opt:
     k_n = math.ceil(p * math.ceil(tiles_m / k_m) * tiles_n / MAX_QUEUE_UNITS)
     m_blocks, n_blocks = math.ceil(tiles_m / k_m), math.ceil(tiles_n / k_n)
     unit_m = opt.tile_m * k_m  # rows of A a unit needs
-    # A tile's time on one SM: the GEMM's at the calibrated rate spread over every SM, less the last-wave
-    # loss the calibration's own GEMM (8192^3 in 128 x 256 tiles) has inside its efficiency; the queue then
-    # makes the waves of this shape (a wave that does not fill the GPU takes as long as one that does)
-    # (never quicker than the work's floor shared over the SMs: a calibration whose GEMM ran near peak in
-    # spite of its last wave would otherwise put a better-filled shape above peak)
+    # A tile's time on one SM: the GEMM's at the calibrated rate spread over every SM, less the last-wave loss
+    # the calibration's own GEMM (8192^3 in 128 x 256 tiles) has inside its efficiency, and never under the
+    # work's floor spread likewise (a calibration near peak despite its last wave would put a better-filled
+    # shape above peak). The queue then makes this shape's waves: one that does not fill the GPU takes as
+    # long as one that does.
     cal_waves = wave_factor((8192 // 128) * (8192 // 256), hw.sm_count)
     per_sm = hw.sm_count / (p * m_blocks * n_blocks)
     tile_us = max(_work_us(w, hw, hw.triton_matmul_efficiency) / cal_waves, fl.work_us) * per_sm
-    order = tile_order(0, p, m_blocks, n_blocks, max(1, opt.group_m // k_m))
+    order = tile_order(p, m_blocks, n_blocks, max(1, opt.group_m // k_m))
     if p == 1:
         run = run_queue([0.0] * len(order), tile_us, ctas)
         return [_fused_step(f"ag_gemm_{variant.replace('-', '_')}", fl, run.finish_us, 0.0, 0.0, 2 * half)]
@@ -212,11 +212,14 @@ def _ag_gemm_steps(w: AgGemm, variant: str, hw: HardwareProfile, fl: Floor, opt:
         busy = [skew + t for t in _copier_ends(done, copiers)] if copiers and opt.copiers_join else []
         return run_queue(ready, tile_us, ctas - (0 if opt.copiers_join else copiers), busy)
 
+    def read_wait(r) -> float:
+        # the in-kernel wait as the attribution reads the kernel's stamps: the longest any CTA waited, at most
+        # the kernel's time beyond its own floor (taxes.attribution.attribute)
+        return min(r.longest_wait_us, max(0.0, r.finish_us - fl.work_us))
+
     late, on_time = run(skew_us), run(0.0)
-    # the in-kernel wait as the attribution reads the kernel's stamps: the longest any CTA waited, at most
-    # the kernel's time beyond its own floor (taxes.attribution.attribute)
-    cap = lambda r: min(r.longest_wait_us, max(0.0, r.finish_us - fl.work_us))  # noqa: E731
-    return [_fused_step(f"ag_gemm_{variant.replace('-', '_')}", fl, late.finish_us, cap(late), cap(on_time), 2 * half)]
+    return [_fused_step(f"ag_gemm_{variant.replace('-', '_')}", fl, late.finish_us, read_wait(late), read_wait(on_time),
+                        2 * half)]
 
 
 def _copies_done(hw: HardwareProfile, world: int, copiers: int, push: bool, items: int, item_bytes: float) -> list[float]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -24,10 +25,11 @@ class QueueRun:
     total_wait_us: float  # every CTA's waits together
 
 
-def tile_order(rank: int, world: int, m_blocks: int, n_blocks: int, group_m: int) -> list[tuple[int, int]]:
-    """(source shard's queue position, row block within the shard) of each tile, in queue order: the shards in
-    the order their rows arrive (this rank's, then rank-1's, ...; position 0 is the local shard), within a shard
-    row blocks grouped group_m at a time, the rows of a group cycling fastest (the kernel's _tile_coords)."""
+def tile_order(world: int, m_blocks: int, n_blocks: int, group_m: int) -> list[tuple[int, int]]:
+    """(source shard's queue position, row block within the shard) of each tile, in queue order, the same on
+    every rank: the shards in the order their rows arrive (position 0 is the rank's own shard, then rank-1's,
+    rank-2's, ...), within a shard row blocks grouped group_m at a time, the rows of a group cycling fastest
+    (the kernel's _tile_coords)."""
     order = []
     per_group = max(1, group_m) * n_blocks
     for position in range(world):
@@ -38,7 +40,7 @@ def tile_order(rank: int, world: int, m_blocks: int, n_blocks: int, group_m: int
     return order
 
 
-def run_queue(ready_us: list[float], tile_us: float, ctas: int, busy_until_us: list[float] = ()) -> QueueRun:
+def run_queue(ready_us: Sequence[float], tile_us: float, ctas: int, busy_until_us: Sequence[float] = ()) -> QueueRun:
     """Tiles taken in queue order by whichever CTA is free first (ties: the lowest CTA); tile i can start at
     ready_us[i], runs tile_us. busy_until_us: when each of the first CTAs (the copiers) joins the queue; the
     others start at 0. A CTA waits from when it took a tile to when the tile's rows are ready."""
