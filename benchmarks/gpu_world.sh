@@ -18,7 +18,7 @@
 #                                               # to OUT/WORKLOAD-tune.json (every candidate and the winners)
 #   bash benchmarks/gpu_world.sh heldout OUT    # the model on shapes in no test and no tuning table (HELDOUT picks
 #                                               # some of: ag rs decode mlp): every variant profiled with rows, then
-#                                               # `taxes validate` of them to OUT/validate-heldout-GPU-xW.json
+#                                               # `taxes validate` of them to OUT/validate-heldout-GPU-xW/
 #   bash benchmarks/gpu_world.sh ddp OUT        # benchmarks/ddp_known_answers.py at world W (DDP_CASES picks the
 #                                               # delays, DDP_STEPS the steps per case), to OUT/ddp-GPU-xW.json, the
 #                                               # 3 ms cases' traces kept
@@ -58,6 +58,13 @@ cap() {
     if [ "$left" -lt "$least" ]; then echo 0; elif [ "$want" -lt "$left" ]; then echo "$want"; else echo "$left"; fi
 }
 at() { echo "[$((SECONDS - T0)) s] $*"; }
+# --hardware for the profiles and validations: this call's calibration (the calibrate stage), else the committed
+# one of this GPU kind and count, else none (taxes picks)
+hardware_arg() {
+    local hw=$OUT/$GPU-x$W-calibrated.json
+    [ -f "$hw" ] || hw=reports/calibration/$GPU-x$W-calibrated.json
+    [ -f "$hw" ] && echo "--hardware $hw"
+}
 
 if [[ "$stages" == *" smoke "* ]]; then
     timeout 60 python3 benchmarks/clock_pairing.py --procs 2 --out "$OUT/clock_pairing-$GPU.json" 2>&1 | tail -4
@@ -129,9 +136,7 @@ if [[ "$stages" == *" tune "* ]]; then
 fi
 
 if [[ "$stages" == *" profiles "* ]]; then
-    HW=$OUT/$GPU-x$W-calibrated.json
-    [ -f "$HW" ] || HW=reports/calibration/$GPU-x$W-calibrated.json
-    [ -f "$HW" ] && HWARG="--hardware $HW" || HWARG=""
+    HWARG=$(hardware_arg)
     prof() {  # NAME WORKLOAD SECONDS ARGS...
         local name=$1 wl=$2 secs=$(cap $3 60); shift 3
         [ "$secs" = 0 ] && { at "$name skipped: too little time left"; return; }
@@ -158,9 +163,7 @@ if [[ "$stages" == *" heldout "* ]]; then
     # Shapes of real layers that no test and no tuning table names (tests/test_gpu_scripts.py checks that they stay
     # so): the fused kernels take the nearest tuned configuration, fused-auto the nearest measured pick. Priced
     # with this machine's calibration when the call made one (the calibrate stage), else the committed one.
-    HW=$OUT/$GPU-x$W-calibrated.json
-    [ -f "$HW" ] || HW=reports/calibration/$GPU-x$W-calibrated.json
-    [ -f "$HW" ] && HWARG="--hardware $HW" || HWARG=""
+    HWARG=$(hardware_arg)
     held() {  # NAME WORKLOAD SECONDS VARIANTS (all: every one) SHAPE...
         local name=heldout_$1 wl=$2 secs=$(cap $3 60) variants=$4; shift 4
         [ "$secs" = 0 ] && { at "$name skipped: too little time left"; return; }
@@ -183,10 +186,10 @@ if [[ "$stages" == *" heldout "* ]]; then
         esac
     done
     docs=$(ls "$OUT"/heldout_*-"$GPU"-x"$W".json.gz 2>/dev/null)
+    # one run: the table on stdout, the whole validation in OUT/validate-heldout-GPU-xW/validation.json
     # shellcheck disable=SC2086  # one word per document
-    [ -n "$docs" ] && timeout 120 taxes validate $HWARG --each-calibration reports/calibration --format json \
-        -o "$OUT/validate-heldout-$GPU-x$W.json" --force --from $docs 2>&1 | tail -2 \
-        && timeout 120 taxes validate $HWARG --from $docs 2>&1 | tail -8
+    [ -n "$docs" ] && timeout 180 taxes validate $HWARG --each-calibration reports/calibration \
+        --out-dir "$OUT/validate-heldout-$GPU-x$W" --force --from $docs 2>&1 | tail -8
 fi
 
 if [[ "$stages" == *" sweep "* ]]; then

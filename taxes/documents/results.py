@@ -292,8 +292,6 @@ def dumps(doc: dict) -> str:
     return json.dumps(doc, indent=1, allow_nan=False) + "\n"
 
 
-
-
 def save(doc: dict, path: str | Path, overwrite: bool = True) -> None:
     """Validate and write a document atomically (gzip-compressed when the name ends in .gz; load() reads
     both); overwrite=False refuses an existing file."""
